@@ -1,0 +1,265 @@
+//! `aot-manifest.toml`: which kernel modules exist, their entry points, and the targets each is built for.
+//!
+//! The build script, the embedded registry, the runtime dispatcher and `fatbin-verify verify` all read
+//! this one description. Parsing checks everything a build would otherwise trip over later (unknown
+//! targets, duplicate modules, empty entry lists) and names the key and the fix.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::target::{Target, KNOWN_SM};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub toolchain: Toolchain,
+    pub targets: Targets,
+    #[serde(rename = "module", default)]
+    pub modules: Vec<Module>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Toolchain {
+    /// CUDA release the kernels are written for, e.g. "13.0".
+    pub cuda: String,
+    /// Exact nvcc version (`V13.0.88` -> "13.0.88") the lock was made with.
+    pub nvcc_version: String,
+    /// PyPI requirements the set-up step installs.
+    #[serde(default)]
+    pub packages: Vec<String>,
+    /// PyPI requirements for test oracles only.
+    #[serde(default)]
+    pub oracle_packages: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Targets {
+    /// Default SASS targets of every module.
+    pub sass: Vec<Target>,
+    /// The portable PTX fallback every module carries.
+    pub ptx: Target,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModuleKind {
+    /// CUDA C++ compiled by nvcc.
+    Cuda,
+    /// A kernel written in Triton, compiled ahead of time.
+    Triton,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Module {
+    pub name: String,
+    pub kind: ModuleKind,
+    /// Path of the kernel source, relative to the manifest's folder.
+    pub source: PathBuf,
+    /// Kernel entry points every image of the module must carry.
+    pub entries: Vec<String>,
+    /// Extra compiler flags for this module.
+    #[serde(default)]
+    pub flags: Vec<String>,
+    /// SASS targets for this module instead of the default list (the PTX fallback is always added).
+    #[serde(default)]
+    pub targets: Option<Vec<Target>>,
+}
+
+/// A manifest that cannot be used, with the file, the key and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: cannot read the manifest: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{path}: {key}: {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+}
+
+impl Manifest {
+    pub fn from_path(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ManifestError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates manifest text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, ManifestError> {
+        let manifest: Manifest = toml::from_str(text).map_err(|e| ManifestError::Syntax {
+            path: origin.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        manifest.validate(origin)?;
+        Ok(manifest)
+    }
+
+    fn validate(&self, origin: &Path) -> Result<(), ManifestError> {
+        let invalid = |key: String, message: String| ManifestError::Invalid { path: origin.to_path_buf(), key, message };
+        check_targets("targets.sass", &self.targets.sass, false).map_err(|(k, m)| invalid(k, m))?;
+        check_targets("targets.ptx", std::slice::from_ref(&self.targets.ptx), true).map_err(|(k, m)| invalid(k, m))?;
+        if self.modules.is_empty() {
+            return Err(invalid("module".into(), "no [[module]] entries; add at least one kernel module".into()));
+        }
+        let mut names = BTreeSet::new();
+        for (i, module) in self.modules.iter().enumerate() {
+            let key = |field: &str| format!("module[{i}] ({}).{field}", module.name);
+            if !is_identifier(&module.name) {
+                return Err(invalid(
+                    format!("module[{i}].name"),
+                    format!("`{}` is not a valid module name; use lowercase letters, digits and `_`", module.name),
+                ));
+            }
+            if !names.insert(module.name.as_str()) {
+                return Err(invalid(
+                    key("name"),
+                    format!("duplicate module `{}`; each module name must appear once", module.name),
+                ));
+            }
+            if module.entries.is_empty() {
+                return Err(invalid(key("entries"), "no entry points; list the kernels the module exports".into()));
+            }
+            let mut entries = BTreeSet::new();
+            for entry in &module.entries {
+                if !is_c_identifier(entry) {
+                    return Err(invalid(key("entries"), format!("`{entry}` is not a C identifier")));
+                }
+                if !entries.insert(entry) {
+                    return Err(invalid(key("entries"), format!("entry `{entry}` is listed twice")));
+                }
+            }
+            if let Some(targets) = &module.targets {
+                check_targets(&key("targets"), targets, false).map_err(|(k, m)| invalid(k, m))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn module(&self, name: &str) -> Option<&Module> {
+        self.modules.iter().find(|m| m.name == name)
+    }
+
+    /// Every target the module is built for: its SASS list, then the PTX fallback.
+    pub fn module_targets(&self, module: &Module) -> Vec<Target> {
+        let mut targets = module.targets.clone().unwrap_or_else(|| self.targets.sass.clone());
+        targets.push(self.targets.ptx);
+        targets
+    }
+}
+
+fn check_targets(key: &str, targets: &[Target], want_ptx: bool) -> Result<(), (String, String)> {
+    if targets.is_empty() {
+        return Err((key.to_string(), "empty target list".into()));
+    }
+    let mut seen = BTreeSet::new();
+    for t in targets {
+        if !t.is_known() {
+            let known: Vec<String> = KNOWN_SM.iter().map(|sm| format!("sm_{sm}")).collect();
+            return Err((
+                key.to_string(),
+                format!(
+                    "unknown target `{t}`: the pinned CUDA 13.0 toolchain builds {}; fix the name or pin a newer toolchain",
+                    known.join(" ")
+                ),
+            ));
+        }
+        if t.virtual_arch != want_ptx {
+            let want = if want_ptx { "a PTX target (`compute_NN`)" } else { "SASS targets (`sm_NN`)" };
+            return Err((key.to_string(), format!("`{t}` is in the wrong list: this key takes {want}")));
+        }
+        if !seen.insert(*t) {
+            return Err((key.to_string(), format!("target `{t}` is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && s.as_bytes()[0].is_ascii_lowercase()
+}
+
+fn is_c_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[toolchain]
+cuda = "13.0"
+nvcc_version = "13.0.88"
+
+[targets]
+sass = ["sm_80", "sm_110"]
+ptx = "compute_80"
+
+[[module]]
+name = "rmsnorm"
+kind = "cuda"
+source = "kernels/norm/rmsnorm.cu"
+entries = ["rmsnorm_bf16"]
+
+[[module]]
+name = "fast"
+kind = "cuda"
+source = "kernels/fast.cu"
+entries = ["fast_kernel"]
+targets = ["sm_90a"]
+"#;
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(text, Path::new("aot-manifest.toml"))
+    }
+
+    #[test]
+    fn parses_modules_and_targets() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.modules.len(), 2);
+        let names: Vec<String> = m.module_targets(&m.modules[0]).iter().map(|t| t.to_string()).collect();
+        assert_eq!(names, ["sm_80", "sm_110", "compute_80"]);
+        let names: Vec<String> = m.module_targets(&m.modules[1]).iter().map(|t| t.to_string()).collect();
+        assert_eq!(names, ["sm_90a", "compute_80"]);
+    }
+
+    #[test]
+    fn unknown_target_names_key_and_fix() {
+        let err = parse(&GOOD.replace("\"sm_110\"", "\"sm_111\"")).unwrap_err().to_string();
+        assert!(err.contains("targets.sass") && err.contains("sm_111") && err.contains("sm_110"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_module_is_rejected() {
+        let err = parse(&GOOD.replace("name = \"fast\"", "name = \"rmsnorm\"")).unwrap_err().to_string();
+        assert!(err.contains("module[1] (rmsnorm).name") && err.contains("duplicate module"), "{err}");
+    }
+
+    #[test]
+    fn ptx_in_sass_list_is_rejected() {
+        let err = parse(&GOOD.replace("\"sm_80\", \"sm_110\"", "\"compute_80\"")).unwrap_err().to_string();
+        assert!(err.contains("wrong list"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_is_a_syntax_error() {
+        let err = parse(&GOOD.replace("kind = \"cuda\"\nsource = \"kernels/fast.cu\"", "kind = \"cuda\"\nsorce = \"x\"")).unwrap_err();
+        assert!(matches!(err, ManifestError::Syntax { .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_entry_names_are_rejected() {
+        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[\"fast kernel\"]")).unwrap_err().to_string();
+        assert!(err.contains("not a C identifier"), "{err}");
+        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[]")).unwrap_err().to_string();
+        assert!(err.contains("no entry points"), "{err}");
+    }
+}
