@@ -1,0 +1,99 @@
+//! The one thin layer over cudarc that the dispatcher needs: open the device, read what selection
+//! needs, load an image from bytes, read a function's attributes. Everything unsafe is here.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
+use cudarc::nvrtc::Ptx;
+
+use super::error::{translate, DispatchError};
+use super::select::{DeviceSpec, Version};
+
+/// The device and driver as the driver reports them.
+#[derive(Debug, Clone)]
+pub struct OpenDevice {
+    pub ctx: Arc<CudaContext>,
+    pub spec: DeviceSpec,
+    pub name: String,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// Whether libcuda can be opened at all (cudarc would panic on first use otherwise).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda under its known names; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// `cuDriverGetVersion`: the newest CUDA version the installed driver supports.
+pub fn driver_version() -> Result<Version, DriverError> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: writes one int through a valid pointer; libcuda was found by `driver_present`.
+    unsafe { sys::cuDriverGetVersion(&mut v).result()? };
+    Ok(Version::from_driver_int(v))
+}
+
+/// Open device `ordinal` (its primary context) and read capability, integration and driver.
+/// Returns an error, never panics, when no driver or device is there.
+pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
+    if !driver_present() {
+        return Err(DispatchError::NoDriver);
+    }
+    let device_err = |e: DriverError| DispatchError::Device { ordinal, failure: translate(e) };
+    // cudarc resolves driver symbols lazily and panics on one the driver lacks (an old driver);
+    // turn that into an error instead of taking the process down.
+    let opened = catch_unwind(AssertUnwindSafe(|| -> Result<OpenDevice, DispatchError> {
+        let ctx = CudaContext::new(ordinal).map_err(device_err)?;
+        let (major, minor) = ctx.compute_capability().map_err(device_err)?;
+        let integrated = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED).map_err(device_err)? != 0;
+        let driver = driver_version().map_err(device_err)?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown".to_string());
+        let capability = Version::new(major.max(0) as u32, minor.max(0) as u32);
+        Ok(OpenDevice { ctx, spec: DeviceSpec { capability, integrated, driver }, name })
+    }));
+    opened.unwrap_or_else(|p| Err(DispatchError::DriverPanic { during: "opening the device", message: panic_message(p) }))
+}
+
+/// Load one image. `ptx` text gets the NUL terminator `cuModuleLoadData` needs; the caller has
+/// checked it has no NUL inside.
+pub fn load_image(ctx: &Arc<CudaContext>, bytes: &[u8], ptx: bool) -> Result<Arc<CudaModule>, DriverError> {
+    let mut data = Vec::with_capacity(bytes.len() + 1);
+    data.extend_from_slice(bytes);
+    if ptx {
+        data.push(0);
+    }
+    // `from_binary` hands the bytes to cuModuleLoadData as they are: cubin, fatbin or PTX text.
+    ctx.load_module(Ptx::from_binary(data))
+}
+
+/// What the driver says about a loaded function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FunctionAttributes {
+    pub registers: i32,
+    pub shared_bytes: i32,
+    pub local_bytes: i32,
+    pub max_threads_per_block: i32,
+    /// `CU_FUNC_ATTRIBUTE_BINARY_VERSION`: the SASS that runs (90 for sm_90, also after a JIT).
+    pub binary_version: i32,
+    /// `CU_FUNC_ATTRIBUTE_PTX_VERSION`: the virtual architecture it came from (80 for compute_80).
+    pub ptx_version: i32,
+}
+
+pub fn function_attributes(f: &CudaFunction) -> Result<FunctionAttributes, DriverError> {
+    let get = |a| f.get_attribute(a);
+    Ok(FunctionAttributes {
+        registers: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+        shared_bytes: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+        local_bytes: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        max_threads_per_block: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        binary_version: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+        ptx_version: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+    })
+}

@@ -1,0 +1,287 @@
+//! Select, verify and load every module's image on a device; hand out functions by name; report
+//! what really runs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use fatbin_verify::Target;
+use serde::Serialize;
+
+use super::driver::{self, function_attributes, FunctionAttributes, OpenDevice};
+use super::error::{translate, DispatchError};
+use super::policy::Policy;
+use super::select::{DeviceSpec, Reason};
+use super::source::{parse_ptx_version, ImageBytes, ModuleSource};
+use super::verify::{verify_image, verify_static_image, HashCheck};
+use super::plan::select_for_module;
+
+/// One entry point as the driver sees it after loading.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryReport {
+    pub entry: String,
+    #[serde(flatten)]
+    pub attributes: FunctionAttributes,
+}
+
+/// What was loaded for one module, why, and what it cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleReport {
+    pub module: String,
+    pub target: Target,
+    pub reason: Reason,
+    pub why: String,
+    /// The driver compiled PTX at load.
+    pub jit: bool,
+    pub image_bytes: usize,
+    pub sha256: String,
+    /// Hashing cost in this load (0 when this process had already checked the image).
+    pub hash_us: u64,
+    pub hash_cached: bool,
+    /// `cuModuleLoadData` wall time: a JIT when `jit` (cold unless the driver's cache has it).
+    pub load_us: u64,
+    pub entries: Vec<EntryReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    pub device_name: String,
+    pub ordinal: usize,
+    pub device: DeviceSpec,
+    pub policy: Policy,
+    pub modules: Vec<ModuleReport>,
+}
+
+impl LoadReport {
+    pub fn total_load_us(&self) -> u64 {
+        self.modules.iter().map(|m| m.load_us).sum()
+    }
+
+    pub fn total_hash_us(&self) -> u64 {
+        self.modules.iter().map(|m| m.hash_us).sum()
+    }
+
+    /// One row per entry point: the image chosen, load cost, and the driver's view of the code.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "loaded on device {} \"{}\": {}, policy {}",
+            self.ordinal, self.device_name, self.device, self.policy
+        );
+        let _ = writeln!(
+            out,
+            "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  why",
+            "module", "entry", "image", "jit", "load_us", "hash_us", "regs", "smem", "bin", "ptx"
+        );
+        for m in &self.modules {
+            for e in &m.entries {
+                let a = &e.attributes;
+                let hash = if m.hash_cached { "cached".to_string() } else { m.hash_us.to_string() };
+                let _ = writeln!(
+                    out,
+                    "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
+                    m.module,
+                    e.entry,
+                    m.target.to_string(),
+                    if m.jit { "yes" } else { "no" },
+                    m.load_us,
+                    hash,
+                    a.registers,
+                    a.shared_bytes,
+                    a.binary_version,
+                    a.ptx_version,
+                    m.why
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "total: load {} us, hash {} us (bin/ptx: CU_FUNC_ATTRIBUTE_BINARY_VERSION / PTX_VERSION)",
+            self.total_load_us(),
+            self.total_hash_us()
+        );
+        out
+    }
+}
+
+struct LoadedModule {
+    module: Arc<CudaModule>,
+    functions: BTreeMap<String, CudaFunction>,
+}
+
+/// Every module's chosen image, loaded into one context: what the typed launchers use.
+pub struct LoadedKernels {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: BTreeMap<String, LoadedModule>,
+    report: LoadReport,
+}
+
+impl std::fmt::Debug for LoadedKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedKernels").field("report", &self.report).finish_non_exhaustive()
+    }
+}
+
+impl LoadedKernels {
+    /// The function `entry` of `module`, as loaded for this device.
+    pub fn function(&self, module: &str, entry: &str) -> Result<CudaFunction, DispatchError> {
+        let m = self.modules.get(module).ok_or_else(|| DispatchError::UnknownModule {
+            module: module.to_string(),
+            known: self.modules.keys().cloned().collect::<Vec<_>>().join(", "),
+        })?;
+        m.functions.get(entry).cloned().ok_or_else(|| DispatchError::UnknownEntry {
+            module: module.to_string(),
+            entry: entry.to_string(),
+            known: m.functions.keys().cloned().collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// The loaded module handle (for globals), if `module` is loaded.
+    pub fn module(&self, module: &str) -> Option<&Arc<CudaModule>> {
+        self.modules.get(module).map(|m| &m.module)
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream the kernels are meant to be launched on (the context's default stream).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn report(&self) -> &LoadReport {
+        &self.report
+    }
+
+    pub fn device(&self) -> &DeviceSpec {
+        &self.report.device
+    }
+}
+
+/// Load every registry module on device 0 under `policy`.
+pub fn load_all(policy: Policy) -> Result<LoadedKernels, DispatchError> {
+    let device = driver::open_device(0)?;
+    load_modules(&device, 0, policy, &ModuleSource::registry())
+}
+
+/// Load the policy from `AOT_KERNELS_POLICY` (default auto) and every registry module on device 0.
+pub fn load_all_from_env() -> Result<LoadedKernels, DispatchError> {
+    let policy = Policy::from_env()?;
+    load_all(policy)
+}
+
+/// Select, verify and load one image per module on an open device. `modules` may be a subset
+/// of the registry or carry altered images (tests): selection and checks are the same.
+pub fn load_modules(
+    device: &OpenDevice,
+    ordinal: usize,
+    policy: Policy,
+    modules: &[ModuleSource],
+) -> Result<LoadedKernels, DispatchError> {
+    let mut loaded = BTreeMap::new();
+    let mut reports = Vec::with_capacity(modules.len());
+    for m in modules {
+        let (lm, report) = load_module(device, policy, m)?;
+        log::info!(
+            "aot-kernels: {} -> {} ({}), load {} us, hash {} us{}",
+            report.module,
+            report.target,
+            report.why,
+            report.load_us,
+            report.hash_us,
+            if report.hash_cached { " (cached)" } else { "" }
+        );
+        loaded.insert(m.name.clone(), lm);
+        reports.push(report);
+    }
+    let report = LoadReport {
+        device_name: device.name.clone(),
+        ordinal,
+        device: device.spec,
+        policy,
+        modules: reports,
+    };
+    let stream = device.ctx.default_stream();
+    Ok(LoadedKernels { ctx: device.ctx.clone(), stream, modules: loaded, report })
+}
+
+/// Everything that happens before the driver sees an image: selection, hash, PTX checks.
+/// Returns the index of the image to load and the hash check's cost.
+pub fn check_module(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> Result<(usize, Reason, HashCheck), DispatchError> {
+    let sel = select_for_module(device, policy, m)
+        .map_err(|source| DispatchError::NoImage { module: m.name.clone(), source })?;
+    let img = &m.images[sel.index];
+    let hash = match &img.bytes {
+        ImageBytes::Static(b) => verify_static_image(&m.name, img.target, b, &img.sha256)?,
+        ImageBytes::Owned(b) => verify_image(&m.name, img.target, b, &img.sha256)?,
+    };
+    if img.is_ptx() {
+        let bytes = img.bytes.as_slice();
+        // Selection trusted the recorded .version; make sure the text says the same.
+        let found = parse_ptx_version(bytes);
+        if found != img.ptx_version {
+            let show = |v: Option<(u32, u32)>| v.map_or("none".to_string(), |(a, b)| format!("{a}.{b}"));
+            return Err(DispatchError::PtxVersionMismatch {
+                module: m.name.clone(),
+                target: img.target,
+                recorded: show(img.ptx_version),
+                found: show(found),
+            });
+        }
+        if bytes.contains(&0) {
+            return Err(DispatchError::PtxHasNul { module: m.name.clone(), target: img.target });
+        }
+    }
+    Ok((sel.index, sel.reason, hash))
+}
+
+fn load_module(device: &OpenDevice, policy: Policy, m: &ModuleSource) -> Result<(LoadedModule, ModuleReport), DispatchError> {
+    let (index, reason, hash) = check_module(&device.spec, policy, m)?;
+    let img = &m.images[index];
+    let start = Instant::now();
+    let module = driver::load_image(&device.ctx, img.bytes.as_slice(), img.is_ptx()).map_err(|e| DispatchError::Load {
+        module: m.name.clone(),
+        target: img.target,
+        failure: translate(e),
+    })?;
+    let load_us = start.elapsed().as_micros() as u64;
+
+    let mut functions = BTreeMap::new();
+    let mut entries = Vec::with_capacity(m.entries.len());
+    for entry in &m.entries {
+        let fn_err = |e| DispatchError::Function {
+            module: m.name.clone(),
+            target: img.target,
+            entry: entry.clone(),
+            failure: translate(e),
+        };
+        // cudarc would panic on a name with a NUL; the driver has no such function anyway.
+        if entry.contains('\0') {
+            return Err(fn_err(DriverError(CUresult::CUDA_ERROR_NOT_FOUND)));
+        }
+        let f = module.load_function(entry).map_err(fn_err)?;
+        let attributes = function_attributes(&f).map_err(fn_err)?;
+        entries.push(EntryReport { entry: entry.clone(), attributes });
+        functions.insert(entry.clone(), f);
+    }
+    let report = ModuleReport {
+        module: m.name.clone(),
+        target: img.target,
+        reason,
+        why: reason.to_string(),
+        jit: img.is_ptx(),
+        image_bytes: img.bytes.as_slice().len(),
+        sha256: img.sha256.clone(),
+        hash_us: hash.micros,
+        hash_cached: hash.cached,
+        load_us,
+        entries,
+    };
+    Ok((LoadedModule { module, functions }, report))
+}

@@ -1,0 +1,27 @@
+//! Runtime dispatcher: pick, verify and load the best image of every kernel module for this GPU
+//! and driver, with a forced-PTX policy for testing the fallback.
+//!
+//! - [`select`]: the pure decision (capability, integrated, driver, images -> image or error).
+//! - [`plan`]: that decision for every module, printable and serializable; works for a simulated
+//!   device, so any device's plan can be checked without a GPU.
+//! - [`verify`]: sha256 of an image against the build's record, once per process.
+//! - [`load`]: open the device, load the chosen images, hand out functions, report what runs.
+//! - [`driver`]: the one thin layer over cudarc (libcuda is opened at run time).
+
+pub mod driver;
+pub mod error;
+pub mod load;
+pub mod plan;
+pub mod policy;
+pub mod select;
+pub mod source;
+pub mod verify;
+
+pub use driver::{open_device, FunctionAttributes, OpenDevice};
+pub use error::{translate, DispatchError, DriverFailure};
+pub use load::{check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels, ModuleReport};
+pub use plan::{plan, Plan};
+pub use policy::{Policy, POLICY_ENV};
+pub use select::{select_image, DeviceSpec, ImageCandidate, NoImageError, Reason, Selection, Version};
+pub use source::{ImageBytes, ImageSource, ModuleSource};
+pub use verify::{verify_image, HashMismatch};
