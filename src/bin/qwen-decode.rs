@@ -1,0 +1,160 @@
+//! `qwen-decode`: the command line of the aot-kernels crate.
+//!
+//! `qwen-decode kernels` shows the embedded kernel registry and the dispatch plan of this machine
+//! (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated] --driver X.Y`
+//! shows the plan of any other device without a GPU.
+//!
+//! Exit status: 0 fine, 1 a module has no usable image or failed to load, 2 usage error,
+//! 3 no CUDA device here (use --simulate).
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use aot_kernels::dispatch::{self, DeviceSpec, LoadReport, ModuleSource, Plan, Policy, Version};
+use aot_kernels::registry;
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(name = "qwen-decode", version, about = "Qwen decode on ahead-of-time compiled CUDA kernels")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the embedded kernel registry and the dispatch plan (this machine's, or a simulated device's).
+    Kernels(KernelsArgs),
+}
+
+#[derive(clap::Args)]
+struct KernelsArgs {
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// auto (SASS, then PTX), sass-only or ptx-only; default from AOT_KERNELS_POLICY, else auto.
+    #[arg(long, value_name = "POLICY")]
+    policy: Option<Policy>,
+    /// Plan for a device with this compute capability (MAJOR.MINOR, e.g. 11.0) instead of this machine's GPU.
+    #[arg(long, value_name = "X.Y", requires = "driver")]
+    simulate: Option<Version>,
+    /// The simulated device is integrated (Jetson/Tegra): no minor-version cubin compatibility.
+    #[arg(long, requires = "simulate")]
+    integrated: bool,
+    /// CUDA version of the simulated driver (MAJOR.MINOR, e.g. 13.0).
+    #[arg(long, value_name = "X.Y", requires = "simulate")]
+    driver: Option<Version>,
+}
+
+#[derive(Serialize)]
+struct KernelsJson<'a> {
+    build: &'static registry::BuildInfo,
+    plan: &'a Plan,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    load: Option<&'a LoadReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+const EXIT_PLAN_ERROR: u8 = 1;
+const EXIT_NO_DEVICE: u8 = 3;
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Kernels(args) => kernels(args),
+    }
+}
+
+fn registry_table() -> String {
+    let b = registry::build_info();
+    let mut out = String::new();
+    let filter = b.target_filter.map(|f| format!(", limited to AOT_TARGETS={f}")).unwrap_or_default();
+    let _ = writeln!(out, "kernel registry: nvcc {} ({}){filter}", b.toolchain, b.toolchain_source);
+    let _ = writeln!(out, "lock: {}", b.lock_status);
+    for m in registry::modules() {
+        let _ = writeln!(out, "module {} (entries: {})", m.name, m.entries.join(", "));
+        for img in m.images {
+            let ptx = img.ptx_version.map(|(a, b)| format!("PTX {a}.{b}")).unwrap_or_default();
+            let sha = img.sha256.get(..16).unwrap_or(img.sha256);
+            let _ = writeln!(out, "  {:<12} {:>8} bytes  sha256 {sha}…  {ptx}", img.target.to_string(), img.size);
+        }
+    }
+    out
+}
+
+fn kernels(args: KernelsArgs) -> ExitCode {
+    let policy = match args.policy.map(Ok).unwrap_or_else(Policy::from_env) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let modules = ModuleSource::registry();
+
+    // A simulated device needs no driver; otherwise open GPU 0 and read what it is.
+    let (device, opened, device_error) = match (args.simulate, args.driver) {
+        (Some(capability), Some(driver)) => {
+            (Some(DeviceSpec { capability, integrated: args.integrated, driver }), None, None)
+        }
+        _ => match dispatch::open_device(0) {
+            Ok(d) => (Some(d.spec), Some(d), None),
+            Err(e) => (None, None, Some(e.to_string())),
+        },
+    };
+
+    let Some(device) = device else {
+        let msg = device_error.unwrap_or_default();
+        if args.json {
+            let out = serde_json::json!({ "build": registry::build_info(), "registry": registry::modules(), "error": msg });
+            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        } else {
+            print!("{}", registry_table());
+            eprintln!("\nerror: {msg}");
+        }
+        return ExitCode::from(EXIT_NO_DEVICE);
+    };
+
+    let plan = dispatch::plan(device, policy, args.simulate.is_some(), &modules);
+    let mut error = plan.has_errors().then(|| "a module has no usable image on this device; see the plan".to_string());
+
+    // On a real device, load what the plan chose so the driver's own view is reported.
+    let loaded = match (&opened, error.is_none()) {
+        (Some(d), true) => match dispatch::load_modules(d, 0, policy, &modules) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                error = Some(e.to_string());
+                None
+            }
+        },
+        _ => None,
+    };
+    let load = loaded.as_ref().map(|k| k.report());
+
+    if args.json {
+        let out = KernelsJson { build: registry::build_info(), plan: &plan, load, error: error.clone() };
+        match serde_json::to_string_pretty(&out) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("error: cannot write JSON: {e}"),
+        }
+    } else {
+        print!("{}", registry_table());
+        println!();
+        print!("{}", plan.to_table());
+        if let Some(r) = load {
+            println!();
+            print!("{}", r.to_table());
+        }
+        if let Some(e) = &error {
+            eprintln!("\nerror: {e}");
+        }
+    }
+    if error.is_some() {
+        ExitCode::from(EXIT_PLAN_ERROR)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
