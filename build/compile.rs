@@ -1,0 +1,341 @@
+//! Compiling every (module, target) image in parallel with a content-keyed cache, packing one
+//! fatbin per module, and reading each image back to check what nvcc really made.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use fatbin_verify::manifest::Manifest;
+use fatbin_verify::{ImageKind, Target};
+use sha2::{Digest, Sha256};
+
+use super::{io_err, BuildError, Config, Toolchain};
+
+/// Bump when the way images are compiled changes, so stale cache entries are not reused.
+const CACHE_VERSION: &str = "aot-kernels image cache v1";
+
+/// Flags every kernel is compiled with; module flags come after them.
+const COMMON_FLAGS: &[&str] = &["-std=c++17", "-O3", "--Werror", "all-warnings"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Cubin,
+    Ptx,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuiltImage {
+    pub target: Target,
+    pub format: ImageFormat,
+    /// sha256 (hex) of the image's identity bytes as stored in the fatbin.
+    pub sha256: String,
+    pub size: usize,
+    /// Where the identity bytes start in the module's fatbin (stored uncompressed).
+    pub offset: usize,
+    pub ptx_version: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuiltModule {
+    pub name: String,
+    pub entries: Vec<String>,
+    pub source_sha256: String,
+    pub fatbin: PathBuf,
+    pub images: Vec<BuiltImage>,
+}
+
+/// One compiler run: a module's source for one target.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub module: String,
+    pub target: Target,
+    pub source: PathBuf,
+    pub flags: Vec<String>,
+    /// Cache file: its name carries the key, so a changed input never hits a stale file.
+    pub output: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct Plan {
+    /// Per manifest module, in order: its source hash and its jobs (SASS targets, then PTX).
+    pub modules: Vec<(String, Vec<Job>)>,
+    pub inputs: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+pub struct Compiled {
+    pub module: String,
+    pub target: Target,
+    pub path: PathBuf,
+    pub from_cache: bool,
+}
+
+fn include_dir(config: &Config) -> PathBuf {
+    config.project_root.join("kernels/include")
+}
+
+/// Headers a kernel may include: the shared include folder and headers beside the source.
+fn header_files(config: &Config, source: &Path) -> Result<Vec<PathBuf>, BuildError> {
+    let mut headers = Vec::new();
+    for dir in [include_dir(config), source.parent().map(Path::to_path_buf).unwrap_or_default()] {
+        let Ok(read) = std::fs::read_dir(&dir) else { continue };
+        for entry in read {
+            let path = entry.map_err(io_err(&dir))?.path();
+            let is_header = matches!(path.extension().and_then(|e| e.to_str()), Some("cuh" | "h" | "hpp"));
+            if is_header && path.is_file() {
+                headers.push(path);
+            }
+        }
+    }
+    headers.sort();
+    headers.dedup();
+    Ok(headers)
+}
+
+fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
+    let mut h = Sha256::new();
+    for f in files {
+        let rel = f.strip_prefix(root).unwrap_or(f);
+        h.update(rel.to_string_lossy().as_bytes());
+        h.update([0]);
+        let bytes = std::fs::read(f).map_err(io_err(f))?;
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Targets this build makes for a module: the manifest's list cut by `AOT_TARGETS`, plus the PTX.
+pub fn module_targets(manifest: &Manifest, module: &fatbin_verify::manifest::Module, config: &Config) -> Vec<Target> {
+    manifest
+        .module_targets(module)
+        .into_iter()
+        .filter(|t| t.virtual_arch || config.target_filter.as_ref().is_none_or(|f| f.contains(t)))
+        .collect()
+}
+
+pub fn plan(manifest: &Manifest, config: &Config, toolchain: &Toolchain) -> Result<(Plan, Vec<String>), BuildError> {
+    let mut modules = Vec::new();
+    let mut source_hashes = Vec::new();
+    let mut inputs = vec![config.project_root.join("kernels")];
+    for module in &manifest.modules {
+        let source = config.project_root.join(&module.source);
+        let mut files = vec![source.clone()];
+        files.extend(header_files(config, &source)?);
+        let source_sha256 = hash_files(&config.project_root, &files)?;
+        inputs.extend(files);
+
+        let mut jobs = Vec::new();
+        for target in module_targets(manifest, module, config) {
+            let mut key = Sha256::new();
+            for part in [CACHE_VERSION, &toolchain.version, &target.to_string(), &source_sha256] {
+                key.update(part.as_bytes());
+                key.update([0]);
+            }
+            for flag in COMMON_FLAGS.iter().copied().chain(module.flags.iter().map(String::as_str)) {
+                key.update(flag.as_bytes());
+                key.update([0]);
+            }
+            let key = hex(&key.finalize());
+            let ext = if target.virtual_arch { "ptx" } else { "cubin" };
+            let output = config.out_dir.join("cache").join(&module.name).join(format!("{target}-{}.{ext}", &key[..16]));
+            jobs.push(Job { module: module.name.clone(), target, source: source.clone(), flags: module.flags.clone(), output });
+        }
+        source_hashes.push(source_sha256);
+        modules.push((module.name.clone(), jobs));
+    }
+    inputs.sort();
+    inputs.dedup();
+    Ok((Plan { modules, inputs }, source_hashes))
+}
+
+/// Runs every job not already in the cache, `config.jobs` at a time.
+pub fn compile_all(
+    plan: &Plan,
+    toolchain: &Toolchain,
+    config: &Config,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<Compiled>, BuildError> {
+    let jobs: Vec<&Job> = plan.modules.iter().flat_map(|(_, jobs)| jobs).collect();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Compiled, BuildError>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let workers = config.jobs.clamp(1, jobs.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let result = compile_one(job, toolchain, config, log);
+                if let Ok(mut r) = results.lock() {
+                    r[i] = Some(result);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_default();
+    // Report the first failure in manifest order, so the error does not depend on thread timing.
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(BuildError::Config("a compile worker stopped early".into()))))
+        .collect()
+}
+
+fn compile_one(job: &Job, toolchain: &Toolchain, config: &Config, log: &(dyn Fn(&str) + Sync)) -> Result<Compiled, BuildError> {
+    let done = |from_cache| Compiled { module: job.module.clone(), target: job.target, path: job.output.clone(), from_cache };
+    if job.output.is_file() {
+        return Ok(done(true));
+    }
+    let dir = job.output.parent().unwrap_or(&config.out_dir);
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tmp = job.output.with_extension(format!("tmp{}", std::process::id()));
+    let started = Instant::now();
+    let mode = if job.target.virtual_arch { "-ptx" } else { "-cubin" };
+    let output = Command::new(toolchain.nvcc())
+        .arg(mode)
+        .arg(format!("-arch={}", job.target))
+        .args(COMMON_FLAGS)
+        .arg("-I")
+        .arg(include_dir(config))
+        .args(&job.flags)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&job.source)
+        .output()
+        .map_err(|e| BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.nvcc().display())))?;
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        let mut stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        if stderr.is_empty() {
+            stderr = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        }
+        return Err(BuildError::Compile {
+            module: job.module.clone(),
+            target: job.target,
+            source_path: job.source.strip_prefix(&config.project_root).unwrap_or(&job.source).to_path_buf(),
+            stderr,
+        });
+    }
+    std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
+    prune_stale(job);
+    log(&format!("compiled {} {} in {:.2} s", job.module, job.target, started.elapsed().as_secs_f64()));
+    Ok(done(false))
+}
+
+/// Removes this (module, target)'s cache entries made from older inputs, so the cache stays one file per image.
+fn prune_stale(job: &Job) {
+    let (Some(dir), Some(current)) = (job.output.parent(), job.output.file_name()) else { return };
+    let prefix = format!("{}-", job.target);
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name != current && name.to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Packs each module's images into one uncompressed fatbin (so the runtime can slice images out of it
+/// without copying), then reads every image back and checks target, kind and entry points.
+pub fn assemble_and_read_back(
+    manifest: &Manifest,
+    config: &Config,
+    toolchain: &Toolchain,
+    plan: &Plan,
+    compiled: &[Compiled],
+    source_hashes: &[String],
+) -> Result<Vec<BuiltModule>, BuildError> {
+    let mut modules = Vec::new();
+    for (((name, jobs), module), source_sha256) in plan.modules.iter().zip(&manifest.modules).zip(source_hashes) {
+        let images: Vec<&Compiled> = compiled.iter().filter(|c| &c.module == name).collect();
+        let fatbin = config.out_dir.join(format!("{name}.fatbin"));
+        let mut cmd = Command::new(toolchain.fatbinary());
+        cmd.arg("--64").arg("--compress=false").arg(format!("--create={}", fatbin.display()));
+        for image in &images {
+            let kind = if image.target.virtual_arch { "ptx" } else { "elf" };
+            let sm = image.target.to_string();
+            let sm = sm.trim_start_matches("sm_").trim_start_matches("compute_");
+            cmd.arg(format!("--image3=kind={kind},sm={sm},file={}", image.path.display()));
+        }
+        let out = cmd.output().map_err(|e| BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.fatbinary().display())))?;
+        if !out.status.success() {
+            return Err(BuildError::Readback {
+                module: name.clone(),
+                what: "fatbinary".into(),
+                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        let bytes = std::fs::read(&fatbin).map_err(io_err(&fatbin))?;
+        let readback = |what: String, message: String| BuildError::Readback { module: name.clone(), what, message };
+        let listed = fatbin_verify::list_images(&bytes).map_err(|e| readback(fatbin.display().to_string(), e.to_string()))?;
+        if listed.len() != jobs.len() {
+            return Err(readback(
+                fatbin.display().to_string(),
+                format!("{} images where {} were packed", listed.len(), jobs.len()),
+            ));
+        }
+
+        let mut built = Vec::new();
+        for (job, image) in jobs.iter().zip(&images) {
+            let what = format!("{} image", job.target);
+            let info = listed
+                .iter()
+                .find(|i| i.target == Some(job.target))
+                .ok_or_else(|| readback(what.clone(), format!("no {} image in the fatbin", job.target)))?;
+            let (format, want_kind) = if job.target.virtual_arch {
+                (ImageFormat::Ptx, ImageKind::Ptx)
+            } else {
+                (ImageFormat::Cubin, ImageKind::Elf)
+            };
+            if info.kind != want_kind {
+                return Err(readback(what, format!("kind {:?} where {want_kind:?} was expected", info.kind)));
+            }
+            if format == ImageFormat::Cubin {
+                // The fatbin must carry exactly the cubin ptxas wrote.
+                let file = std::fs::read(&image.path).map_err(io_err(&image.path))?;
+                if hex(&Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
+                    return Err(readback(what, "the cubin in the fatbin differs from the file ptxas wrote".into()));
+                }
+            }
+            if format == ImageFormat::Ptx && info.ptx_version.is_none() {
+                return Err(readback(what, "PTX without a `.version` line".into()));
+            }
+            for entry in &module.entries {
+                if !info.kernels.iter().any(|k| k == entry) {
+                    return Err(BuildError::MissingEntry {
+                        manifest: config.manifest_path.clone(),
+                        module: name.clone(),
+                        target: job.target,
+                        entry: entry.clone(),
+                        present: if info.kernels.is_empty() { "no kernels".into() } else { info.kernels.join(", ") },
+                    });
+                }
+            }
+            let range = info
+                .raw_range
+                .clone()
+                .ok_or_else(|| readback(what.clone(), "stored compressed; the fatbin must be uncompressed".into()))?;
+            built.push(BuiltImage {
+                target: job.target,
+                format,
+                sha256: fatbin_verify::sha256_hex(&info.sha256),
+                size: info.size,
+                offset: range.start,
+                ptx_version: info.ptx_version,
+            });
+        }
+        modules.push(BuiltModule {
+            name: name.clone(),
+            entries: module.entries.clone(),
+            source_sha256: source_sha256.clone(),
+            fatbin,
+            images: built,
+        });
+    }
+    Ok(modules)
+}

@@ -1,0 +1,135 @@
+//! Finding the CUDA compiler and learning what it can build.
+//!
+//! Search order: `AOT_CUDA_HOME`, then `CUDA_HOME` / `CUDA_PATH`, then the project-local
+//! `.toolchain/` that `make setup` installs from PyPI, then `nvcc` on `PATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::BuildError;
+
+/// Where a toolchain was found, for the build report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolchainSource {
+    Explicit(&'static str),
+    ProjectLocal,
+    Path,
+}
+
+impl std::fmt::Display for ToolchainSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolchainSource::Explicit(var) => write!(f, "${var}"),
+            ToolchainSource::ProjectLocal => f.write_str("project-local .toolchain/"),
+            ToolchainSource::Path => f.write_str("nvcc on PATH"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Toolchain {
+    /// Folder holding nvcc, ptxas and fatbinary.
+    pub bin: PathBuf,
+    pub source: ToolchainSource,
+    /// Exact version, e.g. "13.0.88".
+    pub version: String,
+    /// Real architectures it can build (`nvcc --list-gpu-code`): 75, 80, ... 121.
+    pub sm_list: Vec<u32>,
+}
+
+impl Toolchain {
+    pub fn nvcc(&self) -> PathBuf {
+        self.bin.join("nvcc")
+    }
+
+    pub fn fatbinary(&self) -> PathBuf {
+        self.bin.join("fatbinary")
+    }
+}
+
+/// The folder the project-local toolchain's binaries land in.
+pub fn project_local_bin(project_root: &Path) -> PathBuf {
+    project_root.join(".toolchain/site/nvidia/cu13/bin")
+}
+
+/// Environment variables that pick a toolchain, in the order they are tried.
+pub const ENV_VARS: &[&str] = &["AOT_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"];
+
+pub fn find(project_root: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Toolchain, BuildError> {
+    let mut tried = Vec::new();
+    for var in ENV_VARS {
+        if let Some(home) = env(var).filter(|v| !v.is_empty()) {
+            let bin = Path::new(&home).join("bin");
+            if bin.join("nvcc").is_file() {
+                return probe(bin, ToolchainSource::Explicit(var));
+            }
+            if *var == "AOT_CUDA_HOME" {
+                // An explicit choice that does not hold a compiler is an error, not a reason to look elsewhere.
+                return Err(BuildError::Toolchain(format!(
+                    "AOT_CUDA_HOME={home} has no bin/nvcc; point it at a CUDA 13.0 toolkit or unset it"
+                )));
+            }
+            tried.push(format!("${var}={home} (no bin/nvcc)"));
+        }
+    }
+    let local = project_local_bin(project_root);
+    if local.join("nvcc").is_file() {
+        return probe(local, ToolchainSource::ProjectLocal);
+    }
+    tried.push(format!("{} (not installed)", local.display()));
+    if let Some(path) = env("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("nvcc").is_file() {
+                return probe(dir, ToolchainSource::Path);
+            }
+        }
+    }
+    tried.push("nvcc on PATH (not found)".into());
+    Err(BuildError::Toolchain(format!(
+        "no CUDA compiler found; tried {}. Install the pinned CUDA 13.0 compiler with `bash scripts/setup-toolchain.sh` (or `make setup`)",
+        tried.join(", ")
+    )))
+}
+
+fn probe(bin: PathBuf, source: ToolchainSource) -> Result<Toolchain, BuildError> {
+    let nvcc = bin.join("nvcc");
+    let run = |arg: &str| -> Result<String, BuildError> {
+        let out = Command::new(&nvcc)
+            .arg(arg)
+            .output()
+            .map_err(|e| BuildError::Toolchain(format!("{}: cannot run `nvcc {arg}`: {e}", nvcc.display())))?;
+        if !out.status.success() {
+            return Err(BuildError::Toolchain(format!(
+                "{}: `nvcc {arg}` failed: {}",
+                nvcc.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let version = parse_version(&run("--version")?).ok_or_else(|| {
+        BuildError::Toolchain(format!("{}: `nvcc --version` printed no `V<major>.<minor>.<patch>`", nvcc.display()))
+    })?;
+    let sm_list = parse_gpu_codes(&run("--list-gpu-code")?);
+    Ok(Toolchain { bin, source, version, sm_list })
+}
+
+/// "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0.88".
+pub fn parse_version(text: &str) -> Option<String> {
+    text.split_whitespace()
+        .filter_map(|w| w.strip_prefix('V'))
+        .find(|v| v.split('.').count() == 3 && v.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+        .map(str::to_string)
+}
+
+/// `sm_75 sm_80 ...` (one per line) -> [75, 80, ...]; `a`/`f` variants count as their base.
+pub fn parse_gpu_codes(text: &str) -> Vec<u32> {
+    let mut list: Vec<u32> = text
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("sm_"))
+        .filter_map(|w| w.trim_end_matches(['a', 'f']).parse().ok())
+        .collect();
+    list.sort_unstable();
+    list.dedup();
+    list
+}

@@ -1,0 +1,10 @@
+//! Kernel operations: for each kernel module a CPU reference that mirrors its arithmetic
+//! (fp32 math, one bf16 rounding per stored value, as transformers does) and a typed launcher.
+//!
+//! The references are the oracle: every GPU kernel is checked against its reference on fresh
+//! random inputs, and [`compare`] measures the distance in bf16 units in the last place.
+
+pub mod activation;
+pub mod compare;
+pub mod rmsnorm;
+pub mod rotary;

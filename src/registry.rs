@@ -1,0 +1,88 @@
+//! The kernel images embedded in this crate, as `build.rs` made and checked them.
+//!
+//! One fatbin per module is embedded once; every [`ImageRecord`] is a slice of it (the fatbins are
+//! stored uncompressed for that). The table is generated from `aot-manifest.toml`: no module,
+//! entry or target name is written by hand in Rust.
+
+use fatbin_verify::{Target, Variant};
+use serde::Serialize;
+
+/// What an image holds: machine code for one architecture, or PTX the driver compiles at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    Cubin,
+    Ptx,
+}
+
+/// One image of one module.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ImageRecord {
+    pub module: &'static str,
+    pub target: Target,
+    pub format: ImageFormat,
+    /// sha256 (hex) recorded by the build, checked against the lock.
+    pub sha256: &'static str,
+    /// Bytes of the image (cubin whole; PTX text without its NUL).
+    pub size: usize,
+    #[serde(skip)]
+    offset: usize,
+    /// PTX ISA version `(major, minor)` for PTX images.
+    pub ptx_version: Option<(u32, u32)>,
+}
+
+impl ImageRecord {
+    /// The image's bytes, a slice of the embedded fatbin.
+    pub fn bytes(&self) -> &'static [u8] {
+        let module = module(self.module).expect("image records are generated from the module table");
+        // The build read these bounds back from this very fatbin; `get` keeps a bad table from panicking.
+        module.fatbin.get(self.offset..self.offset + self.size).unwrap_or(&[])
+    }
+}
+
+/// One kernel module: its entry points and every image built for it.
+#[derive(Debug, Serialize)]
+pub struct ModuleRecord {
+    pub name: &'static str,
+    pub entries: &'static [&'static str],
+    pub source_sha256: &'static str,
+    #[serde(skip)]
+    pub fatbin: &'static [u8],
+    pub images: &'static [ImageRecord],
+}
+
+/// How the embedded images were built.
+#[derive(Debug, Serialize)]
+pub struct BuildInfo {
+    /// nvcc version, e.g. "13.0.88".
+    pub toolchain: &'static str,
+    /// Where the build found it.
+    pub toolchain_source: &'static str,
+    /// What the build did with aot-manifest.lock.
+    pub lock_status: &'static str,
+    /// `AOT_TARGETS` when the build was limited to some targets.
+    pub target_filter: Option<&'static str>,
+    #[serde(skip)]
+    pub manifest_toml: &'static str,
+    #[serde(skip)]
+    pub lock_toml: &'static str,
+}
+
+include!(env!("AOT_REGISTRY_RS"));
+
+/// Every module, in manifest order.
+pub fn modules() -> &'static [ModuleRecord] {
+    MODULES
+}
+
+pub fn module(name: &str) -> Option<&'static ModuleRecord> {
+    MODULES.iter().find(|m| m.name == name)
+}
+
+pub fn build_info() -> &'static BuildInfo {
+    &BUILD
+}
+
+// `Variant` is named by the generated table.
+#[allow(unused_imports)]
+use Variant as _;
