@@ -1,6 +1,16 @@
 //! SiLU-and-mul (module `activation`): rows `[gate (d) | up (d)]` -> `bf16(bf16(silu(gate)) * up)`.
 
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
+
+use super::launch::{check_len, launch, to_i32, Arg, OpsError};
+use crate::dispatch::LoadedKernels;
+
+pub const MODULE: &str = "activation";
+pub const ENTRY: &str = "silu_and_mul_bf16";
+
+/// Threads per block; each thread handles 8 outputs.
+const THREADS: usize = 256;
 
 /// Reference for `silu_and_mul_bf16`: `input` is `rows x 2d`, the result `rows x d`.
 pub fn silu_and_mul_reference(input: &[bf16], rows: usize, d: usize) -> Vec<bf16> {
@@ -15,6 +25,29 @@ pub fn silu_and_mul_reference(input: &[bf16], rows: usize, d: usize) -> Vec<bf16
         }
     }
     out
+}
+
+/// `out = silu(gate) * up` on the GPU; `input` is `rows x 2d`, `out` is `rows x d`.
+pub fn silu_and_mul(
+    kernels: &LoadedKernels,
+    out: &mut CudaSlice<bf16>,
+    input: &CudaSlice<bf16>,
+    rows: usize,
+    d: usize,
+) -> Result<(), OpsError> {
+    let op = "silu_and_mul";
+    if rows == 0 || d == 0 || rows > 65535 {
+        return Err(OpsError::Shape { op, message: format!("rows {rows} x d {d}: rows must be 1..=65535 and d > 0") });
+    }
+    check_len(op, "out", out, rows * d)?;
+    check_len(op, "input", input, rows * 2 * d)?;
+    let d_i32 = to_i32(op, "d", 2 * d)? / 2;
+    let cfg = LaunchConfig {
+        grid_dim: (d.div_ceil(8 * THREADS) as u32, rows as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(kernels, op, MODULE, ENTRY, cfg, &mut [Arg::Out(out), Arg::In(input), Arg::I32(d_i32)])
 }
 
 #[cfg(test)]

@@ -6,5 +6,8 @@
 
 pub mod activation;
 pub mod compare;
+pub mod launch;
 pub mod rmsnorm;
 pub mod rotary;
+
+pub use launch::{OpsError, LAUNCHED_ENTRIES};

@@ -1,7 +1,15 @@
 //! RMSNorm (module `rmsnorm`): `y = bf16((w + weight_offset) * bf16(x * rsqrt(mean(x^2) + eps)))`.
 //! `weight_offset` is 0 for Qwen3 and 1 for the zero-centred norms of Qwen3.5/3.6.
 
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
+
+use super::launch::{block_threads, check_len, launch, to_i32, Arg, OpsError};
+use crate::dispatch::LoadedKernels;
+
+pub const MODULE: &str = "rmsnorm";
+pub const ENTRY_PLAIN: &str = "rmsnorm_bf16";
+pub const ENTRY_FUSED_ADD: &str = "fused_add_rmsnorm_bf16";
 
 /// Shape and constants of one RMSNorm call over `rows` rows of `hidden` values.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +53,53 @@ pub fn fused_add_rmsnorm_reference(
     assert_eq!(x.len(), residual.len(), "x and residual must have the same shape");
     let new_residual: Vec<bf16> = x.iter().zip(residual).map(|(a, b)| bf16::from_f32(a.to_f32() + b.to_f32())).collect();
     (rmsnorm_reference(&new_residual, weight, p), new_residual)
+}
+
+fn config(p: &RmsNormParams) -> Result<LaunchConfig, OpsError> {
+    if p.hidden == 0 || p.rows == 0 {
+        return Err(OpsError::Shape { op: "rmsnorm", message: format!("empty shape {} x {}", p.rows, p.hidden) });
+    }
+    Ok(LaunchConfig {
+        grid_dim: (u32::try_from(p.rows).map_err(|_| OpsError::Shape { op: "rmsnorm", message: format!("{} rows is too many", p.rows) })?, 1, 1),
+        block_dim: (block_threads(p.hidden.div_ceil(4)), 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `out = rmsnorm(x) * (weight + weight_offset)` on the GPU; buffers are `rows x hidden`.
+pub fn rmsnorm(
+    kernels: &LoadedKernels,
+    out: &mut CudaSlice<bf16>,
+    x: &CudaSlice<bf16>,
+    weight: &CudaSlice<bf16>,
+    p: &RmsNormParams,
+) -> Result<(), OpsError> {
+    let cfg = config(p)?;
+    check_len("rmsnorm", "out", out, p.rows * p.hidden)?;
+    check_len("rmsnorm", "x", x, p.rows * p.hidden)?;
+    check_len("rmsnorm", "weight", weight, p.hidden)?;
+    let hidden = to_i32("rmsnorm", "hidden", p.hidden)?;
+    launch(kernels, "rmsnorm", MODULE, ENTRY_PLAIN, cfg, &mut [
+        Arg::Out(out), Arg::In(x), Arg::In(weight), Arg::I32(hidden), Arg::I32(hidden), Arg::F32(p.eps), Arg::F32(p.weight_offset),
+    ])
+}
+
+/// `residual += x; x = rmsnorm(residual) * (weight + weight_offset)` on the GPU, in place.
+pub fn fused_add_rmsnorm(
+    kernels: &LoadedKernels,
+    x: &mut CudaSlice<bf16>,
+    residual: &mut CudaSlice<bf16>,
+    weight: &CudaSlice<bf16>,
+    p: &RmsNormParams,
+) -> Result<(), OpsError> {
+    let cfg = config(p)?;
+    check_len("fused_add_rmsnorm", "x", x, p.rows * p.hidden)?;
+    check_len("fused_add_rmsnorm", "residual", residual, p.rows * p.hidden)?;
+    check_len("fused_add_rmsnorm", "weight", weight, p.hidden)?;
+    let hidden = to_i32("fused_add_rmsnorm", "hidden", p.hidden)?;
+    launch(kernels, "fused_add_rmsnorm", MODULE, ENTRY_FUSED_ADD, cfg, &mut [
+        Arg::Out(x), Arg::Out(residual), Arg::In(weight), Arg::I32(hidden), Arg::I32(hidden), Arg::F32(p.eps), Arg::F32(p.weight_offset),
+    ])
 }
 
 #[cfg(test)]

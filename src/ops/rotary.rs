@@ -1,6 +1,13 @@
 //! Rotary position embedding, NeoX (rotate-half) layout (module `rotary`), in place on q and k.
 
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
+
+use super::launch::{block_threads, check_len, launch, to_i32, Arg, OpsError};
+use crate::dispatch::LoadedKernels;
+
+pub const MODULE: &str = "rotary";
+pub const ENTRY: &str = "rotary_neox_bf16";
 
 /// Shape of one rotary call: `tokens` tokens of `q_heads` and `kv_heads` heads of `head_dim`,
 /// rotating the first `rot_dim` dimensions of each head.
@@ -48,6 +55,40 @@ pub fn rotary_neox_reference(q: &mut [bf16], k: &mut [bf16], positions: &[i32], 
         rotate_heads(&mut q[t * p.q_heads * p.head_dim..(t + 1) * p.q_heads * p.head_dim], p.q_heads, p, cs);
         rotate_heads(&mut k[t * p.kv_heads * p.head_dim..(t + 1) * p.kv_heads * p.head_dim], p.kv_heads, p, cs);
     }
+}
+
+/// Applies NeoX rotary in place on the GPU. `q`, `k` are contiguous per token; `positions` holds
+/// `tokens` positions, each below `max_position`, the number of rows in `cos_sin`.
+pub fn rotary_neox(
+    kernels: &LoadedKernels,
+    q: &mut CudaSlice<bf16>,
+    k: &mut CudaSlice<bf16>,
+    positions: &CudaSlice<i32>,
+    cos_sin: &CudaSlice<f32>,
+    max_position: usize,
+    p: &RotaryParams,
+) -> Result<(), OpsError> {
+    let op = "rotary_neox";
+    if p.tokens == 0 || p.rot_dim == 0 || p.rot_dim % 2 != 0 || p.rot_dim > p.head_dim {
+        return Err(OpsError::Shape { op, message: format!("{p:?}: need tokens > 0 and an even rot_dim in 2..=head_dim") });
+    }
+    check_len(op, "q", q, p.tokens * p.q_heads * p.head_dim)?;
+    check_len(op, "k", k, p.tokens * p.kv_heads * p.head_dim)?;
+    check_len(op, "positions", positions, p.tokens)?;
+    check_len(op, "cos_sin", cos_sin, max_position * p.rot_dim)?;
+    let cfg = LaunchConfig {
+        grid_dim: (u32::try_from(p.tokens).map_err(|_| OpsError::Shape { op, message: "too many tokens".into() })?, 1, 1),
+        block_dim: (block_threads((p.q_heads + p.kv_heads) * p.rot_dim / 2), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let q_stride = to_i32(op, "q token stride", p.q_heads * p.head_dim)?;
+    let k_stride = to_i32(op, "k token stride", p.kv_heads * p.head_dim)?;
+    launch(kernels, op, MODULE, ENTRY, cfg, &mut [
+        Arg::Out(q), Arg::Out(k), Arg::InI32(positions), Arg::InF32(cos_sin),
+        Arg::I32(to_i32(op, "q_heads", p.q_heads)?), Arg::I32(to_i32(op, "kv_heads", p.kv_heads)?),
+        Arg::I32(to_i32(op, "head_dim", p.head_dim)?), Arg::I32(to_i32(op, "rot_dim", p.rot_dim)?),
+        Arg::I32(q_stride), Arg::I32(k_stride),
+    ])
 }
 
 #[cfg(test)]
