@@ -1,0 +1,191 @@
+//! Finding fatbin containers in whatever file holds them (fatbin-format.md section 4): ELF
+//! executables, shared libraries and objects, `ar` archives (Rust rlibs included), and any
+//! binary that carries a fatbin as plain data. Sections are scanned for the container
+//! signature instead of following `.nvFatBinSegment` pointers, which are relocations in `.o`
+//! files and absent when a fatbin is embedded with `include_bytes!`.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use memchr::memmem;
+
+use crate::elf::Elf;
+use crate::error::Error;
+use crate::fatbin::{is_container_at, CONTAINER_SIGNATURE};
+
+/// What kind of file a buffer holds, judged by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// Starts with a fatbin container.
+    Fatbin,
+    /// An ELF64 file for EM_CUDA.
+    Cubin,
+    /// PTX text.
+    Ptx,
+    /// An ELF64 little-endian host binary, object or shared library.
+    Elf,
+    /// An `ar` archive (static library, Rust rlib).
+    Archive,
+    /// Anything else: scanned whole for embedded containers.
+    Other,
+}
+
+const AR_MAGIC: &[u8] = b"!<arch>\n";
+const AR_THIN_MAGIC: &[u8] = b"!<thin>\n";
+
+pub fn detect(bytes: &[u8]) -> InputFormat {
+    if is_container_at(bytes, 0) {
+        InputFormat::Fatbin
+    } else if crate::cubin::is_cubin(bytes) {
+        InputFormat::Cubin
+    } else if crate::elf::is_elf64_le(bytes) {
+        InputFormat::Elf
+    } else if bytes.starts_with(AR_MAGIC) || bytes.starts_with(AR_THIN_MAGIC) {
+        InputFormat::Archive
+    } else if crate::ptx::looks_like_ptx(bytes) {
+        InputFormat::Ptx
+    } else {
+        InputFormat::Other
+    }
+}
+
+/// Where a found container lives: its archive member and section, when known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub member: Option<String>,
+    pub section: Option<String>,
+}
+
+/// A byte range of the input to scan and what it is.
+#[derive(Debug, Clone)]
+struct Region {
+    range: Range<usize>,
+    place: Place,
+}
+
+/// Offsets of every container start in a host file (ELF, archive or unknown), in file order,
+/// each with the member and section it was found in.
+pub(crate) fn find_containers(
+    bytes: &[u8],
+    format: InputFormat,
+) -> Result<Vec<(usize, Place)>, Error> {
+    let regions = match format {
+        InputFormat::Elf => elf_regions(bytes, 0, None)?,
+        InputFormat::Archive => archive_regions(bytes)?,
+        _ => vec![Region {
+            range: 0..bytes.len(),
+            place: Place::default(),
+        }],
+    };
+    let finder = memmem::Finder::new(&CONTAINER_SIGNATURE);
+    // Keyed by offset: overlapping sections must not report one container twice.
+    let mut found: BTreeMap<usize, Place> = BTreeMap::new();
+    for region in regions {
+        let Some(data) = bytes.get(region.range.clone()) else {
+            continue;
+        };
+        for rel in finder.find_iter(data) {
+            found
+                .entry(region.range.start + rel)
+                .or_insert_with(|| region.place.clone());
+        }
+    }
+    Ok(found.into_iter().collect())
+}
+
+/// The file ranges of every section with contents, offsets made absolute by `base`.
+fn elf_regions(bytes: &[u8], base: usize, member: Option<&str>) -> Result<Vec<Region>, Error> {
+    let elf_bytes = bytes.get(base..).unwrap_or_default();
+    let elf = Elf::parse(elf_bytes).map_err(|e| rebase(e, base))?;
+    let mut regions = Vec::new();
+    for section in &elf.sections {
+        let data = elf.section_bytes(section).map_err(|e| rebase(e, base))?;
+        if data.is_empty() {
+            continue;
+        }
+        // section_bytes checked offset + size against the buffer, so these cannot overflow.
+        let start = base + section.offset as usize;
+        regions.push(Region {
+            range: start..start + data.len(),
+            place: Place {
+                member: member.map(str::to_string),
+                section: Some(String::from_utf8_lossy(section.name).into_owned()),
+            },
+        });
+    }
+    Ok(regions)
+}
+
+/// Member data ranges of an archive; ELF members are split into their sections.
+fn archive_regions(bytes: &[u8]) -> Result<Vec<Region>, Error> {
+    const WHAT: &str = "ar archive";
+    let archive = object::read::archive::ArchiveFile::parse(bytes)
+        .map_err(|e| Error::malformed(WHAT, 0, e.to_string()))?;
+    let mut regions = Vec::new();
+    for member in archive.members() {
+        let member = member.map_err(|e| Error::malformed(WHAT, 0, e.to_string()))?;
+        let name = String::from_utf8_lossy(member.name()).into_owned();
+        let (offset, size) = member.file_range();
+        let bad = || {
+            Error::malformed(
+                WHAT,
+                0,
+                format!(
+                    "member `{name}` at {offset:#x}+{size:#x} is outside the {:#x}-byte input",
+                    bytes.len()
+                ),
+            )
+        };
+        if member.is_thin() {
+            // A thin archive names files elsewhere; it holds nothing to scan.
+            continue;
+        }
+        let start = usize::try_from(offset).map_err(|_| bad())?;
+        let end = usize::try_from(size)
+            .ok()
+            .and_then(|s| start.checked_add(s))
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(bad)?;
+        let data = bytes.get(start..end).ok_or_else(bad)?;
+        if crate::elf::is_elf64_le(data) && !crate::cubin::is_cubin(data) {
+            let sub = bytes.get(..end).unwrap_or(bytes);
+            regions.extend(elf_regions(sub, start, Some(&name))?);
+        } else {
+            regions.push(Region {
+                range: start..end,
+                place: Place {
+                    member: Some(name),
+                    section: None,
+                },
+            });
+        }
+    }
+    Ok(regions)
+}
+
+/// Moves an error's offset from a member-relative to a file-relative position.
+fn rebase(err: Error, base: usize) -> Error {
+    match err {
+        Error::Truncated {
+            what,
+            offset,
+            needed,
+            available,
+        } => Error::Truncated {
+            what,
+            offset: offset.saturating_add(base),
+            needed,
+            available,
+        },
+        Error::Malformed {
+            what,
+            offset,
+            detail,
+        } => Error::Malformed {
+            what,
+            offset: offset.saturating_add(base),
+            detail,
+        },
+        other => other,
+    }
+}

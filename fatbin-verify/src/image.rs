@@ -1,0 +1,395 @@
+//! The high-level view: every GPU image in a file, with its architecture, versions, kernels
+//! and the sha256 of its identity bytes (what `cuobjdump -xelf` / `-xptx` would write).
+//! This is what the build script, the runtime dispatcher and the CLI call.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::{Serialize, Serializer};
+use sha2::{Digest, Sha256};
+
+use crate::cubin;
+use crate::decompress::{Budget, Limits};
+use crate::error::Error;
+use crate::fatbin::{self, Entry};
+use crate::host::{self, InputFormat, Place};
+use crate::ptx;
+use crate::target::{Target, Variant};
+
+/// What an image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageKind {
+    Ptx,
+    /// A cubin (SASS in a CUDA ELF).
+    Elf,
+    LtoIr,
+    RelocatablePtx,
+    /// A kind code this parser does not know, kept so nothing is silently dropped.
+    Unknown(u16),
+}
+
+impl ImageKind {
+    /// The fatbin entry kind code (offset 0x00 of the entry header).
+    pub fn from_code(code: u16) -> Self {
+        match code {
+            1 => ImageKind::Ptx,
+            2 => ImageKind::Elf,
+            8 => ImageKind::LtoIr,
+            0x40 => ImageKind::RelocatablePtx,
+            other => ImageKind::Unknown(other),
+        }
+    }
+
+    /// Short lowercase name: `ptx`, `elf`, `lto-ir`, `rel-ptx`, `kind-0x5`.
+    pub fn name(&self) -> String {
+        match self {
+            ImageKind::Ptx => "ptx".into(),
+            ImageKind::Elf => "elf".into(),
+            ImageKind::LtoIr => "lto-ir".into(),
+            ImageKind::RelocatablePtx => "rel-ptx".into(),
+            ImageKind::Unknown(code) => format!("kind-{code:#x}"),
+        }
+    }
+
+    fn is_ptx_text(&self) -> bool {
+        matches!(self, ImageKind::Ptx | ImageKind::RelocatablePtx)
+    }
+}
+
+/// How an image's payload is stored in its fatbin entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    None,
+    Zstd,
+    Lz4,
+}
+
+/// Where an image was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct ImageSource {
+    /// Offset of its container in the input; `None` for a bare cubin or PTX file.
+    pub container_offset: Option<usize>,
+    /// Position of its entry within the container (0 for a bare cubin or PTX file).
+    pub entry_index: usize,
+    /// Offset of its entry header in the input.
+    pub entry_offset: Option<usize>,
+    /// Archive member it was found in.
+    pub member: Option<String>,
+    /// ELF section it was found in (`.nv_fatbin`, `__nv_relfatbin`, `.rodata` ...).
+    pub section: Option<String>,
+}
+
+/// One GPU image and what it says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImageInfo {
+    pub source: ImageSource,
+    pub kind: ImageKind,
+    /// `sm_90`, `sm_90a`, `sm_100f` for cubins; `compute_80` for PTX, LTO-IR and relocatable PTX.
+    pub target: Option<Target>,
+    /// PTX ISA `(major, minor)` of PTX images.
+    pub ptx_version: Option<(u32, u32)>,
+    /// ELF ABI version of cubins (7: layout v1, 8: layout v2).
+    pub elf_abi: Option<u32>,
+    /// SM number of the PTX a cubin was compiled from.
+    pub virtual_sm: Option<u32>,
+    pub debug: bool,
+    /// The fatbin entry flags (0 for bare cubin/PTX files).
+    pub flags: u64,
+    pub compression: Compression,
+    /// Bytes of the identity: a cubin trimmed to its ELF extent, PTX up to its first NUL.
+    pub size: usize,
+    /// sha256 of the identity bytes.
+    #[serde(serialize_with = "serialize_digest")]
+    pub sha256: [u8; 32],
+    /// Kernel entry points.
+    pub kernels: Vec<String>,
+    /// Toolkit that produced a cubin (`Cuda compilation tools, release 13.0, V13.0.88`).
+    pub toolkit: Option<String>,
+    /// The fatbin entry's identifier string (usually the source file name).
+    pub identifier: Option<String>,
+    /// The fatbin entry's options string (ptxas options of PTX).
+    pub options: Option<String>,
+    /// Range of the identity bytes in the input when stored uncompressed, for zero-copy slicing.
+    pub raw_range: Option<Range<usize>>,
+}
+
+fn serialize_digest<S: Serializer>(digest: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&sha256_hex(digest))
+}
+
+/// Lowercase hex of a digest.
+pub fn sha256_hex(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every image in `bytes` (fatbin, cubin, PTX, ELF host binary or archive), with the default
+/// `Limits` on decompression.
+pub fn list_images(bytes: &[u8]) -> Result<Vec<ImageInfo>, Error> {
+    list_images_with_limits(bytes, &Limits::default())
+}
+
+/// `list_images` with an explicit cap on the bytes decompression may allocate in total.
+pub fn list_images_with_limits(bytes: &[u8], limits: &Limits) -> Result<Vec<ImageInfo>, Error> {
+    if bytes.is_empty() {
+        return Err(Error::Empty);
+    }
+    let mut budget = Budget::new(limits);
+    let format = host::detect(bytes);
+    match format {
+        InputFormat::Cubin => return Ok(vec![bare_cubin(bytes)?]),
+        InputFormat::Ptx => return Ok(vec![bare_ptx(bytes)]),
+        InputFormat::Fatbin => {
+            let mut images = Vec::new();
+            for (container, entries) in fatbin::parse_fatbin(bytes)? {
+                for entry in &entries {
+                    images.push(entry_info(
+                        container.offset,
+                        entry,
+                        &Place::default(),
+                        &mut budget,
+                    )?);
+                }
+            }
+            return Ok(images);
+        }
+        InputFormat::Elf | InputFormat::Archive | InputFormat::Other => {}
+    }
+    let mut images = Vec::new();
+    let mut scanned_to = 0usize;
+    let found = host::find_containers(bytes, format)?;
+    for (offset, place) in &found {
+        // A signature inside a container already read (say, a fatbin stored inside a PTX
+        // comment) is part of that container, not a new one.
+        if *offset < scanned_to {
+            continue;
+        }
+        let (container, entries) = fatbin::parse_container(bytes, *offset)?;
+        scanned_to = container.end;
+        for entry in &entries {
+            images.push(entry_info(container.offset, entry, place, &mut budget)?);
+        }
+    }
+    if found.is_empty() && format == InputFormat::Other {
+        let head = bytes
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        return Err(Error::UnknownFormat {
+            len: bytes.len(),
+            head,
+        });
+    }
+    Ok(images)
+}
+
+/// The identity bytes of an image that `list_images` reported for this same buffer:
+/// borrowed when stored uncompressed, decompressed otherwise.
+pub fn image_bytes<'a>(bytes: &'a [u8], info: &ImageInfo) -> Result<Cow<'a, [u8]>, Error> {
+    image_bytes_with_limits(bytes, info, &Limits::default())
+}
+
+/// `image_bytes` with an explicit decompression cap.
+pub fn image_bytes_with_limits<'a>(
+    bytes: &'a [u8],
+    info: &ImageInfo,
+    limits: &Limits,
+) -> Result<Cow<'a, [u8]>, Error> {
+    let not_found = |detail: &str| Error::ImageNotFound {
+        source_desc: describe_source(&info.source),
+        detail: detail.to_string(),
+    };
+    if let Some(range) = &info.raw_range {
+        return bytes
+            .get(range.clone())
+            .map(Cow::Borrowed)
+            .ok_or_else(|| not_found("its byte range is outside this input"));
+    }
+    let container_offset = info
+        .source
+        .container_offset
+        .ok_or_else(|| not_found("it has neither a byte range nor a container"))?;
+    let (_, entries) = fatbin::parse_container(bytes, container_offset)?;
+    let entry = entries
+        .get(info.source.entry_index)
+        .ok_or_else(|| not_found("its container has fewer entries"))?;
+    let payload = entry.decompressed(&mut Budget::new(limits))?;
+    let len = identity_len(entry.kind, &payload).map_err(|e| in_entry(entry, e))?;
+    if len != info.size {
+        return Err(not_found(
+            "the entry there differs from the one listed (was the input changed?)",
+        ));
+    }
+    Ok(match payload {
+        Cow::Borrowed(b) => Cow::Borrowed(b.get(..len).unwrap_or(b)),
+        Cow::Owned(mut v) => {
+            v.truncate(len);
+            Cow::Owned(v)
+        }
+    })
+}
+
+/// `container 0x1a0 entry 2 (member foo.o)`, for messages.
+pub fn describe_source(source: &ImageSource) -> String {
+    let mut out = match source.container_offset {
+        Some(off) => format!("container {off:#x} entry {}", source.entry_index),
+        None => "bare image".to_string(),
+    };
+    if let Some(member) = &source.member {
+        out.push_str(&format!(" (member {member})"));
+    }
+    out
+}
+
+/// How many leading bytes of a decompressed payload are the image itself.
+fn identity_len(kind: ImageKind, payload: &[u8]) -> Result<usize, Error> {
+    Ok(match kind {
+        ImageKind::Elf => cubin::parse_cubin(payload)?.extent,
+        k if k.is_ptx_text() => ptx::ptx_identity(payload).len(),
+        _ => payload.len(),
+    })
+}
+
+/// Wraps an error found inside an entry's image so it names the entry.
+fn in_entry(entry: &Entry<'_>, inner: Error) -> Error {
+    Error::malformed(
+        "fatbin entry",
+        entry.offset,
+        format!(
+            "its {} image is malformed (offsets below are within the image): {inner}",
+            entry.kind.name()
+        ),
+    )
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+fn lossy(bytes: Option<&[u8]>) -> Option<String> {
+    bytes.map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
+fn entry_info(
+    container_offset: usize,
+    entry: &Entry<'_>,
+    place: &Place,
+    budget: &mut Budget,
+) -> Result<ImageInfo, Error> {
+    let payload = entry.decompressed(budget)?;
+    let compression = entry.compression();
+    let mut info = ImageInfo {
+        source: ImageSource {
+            container_offset: Some(container_offset),
+            entry_index: entry.index,
+            entry_offset: Some(entry.offset),
+            member: place.member.clone(),
+            section: place.section.clone(),
+        },
+        kind: entry.kind,
+        target: entry.target(),
+        ptx_version: None,
+        elf_abi: None,
+        virtual_sm: None,
+        debug: entry.flags.debug(),
+        flags: entry.flags.0,
+        compression,
+        size: 0,
+        sha256: [0; 32],
+        kernels: Vec::new(),
+        toolkit: None,
+        identifier: lossy(entry.identifier),
+        options: lossy(entry.options),
+        raw_range: None,
+    };
+    match entry.kind {
+        ImageKind::Elf => {
+            let cubin = cubin::parse_cubin(&payload).map_err(|e| in_entry(entry, e))?;
+            // The fatbin header carries `f`, which a cubin cannot; `a` may be in either.
+            if cubin.compat_arch_specific == Some(true)
+                || cubin.target.variant == Variant::ArchSpecific
+            {
+                info.target = info.target.map(|t| t.with_variant(Variant::ArchSpecific));
+            }
+            if info.target.is_none() {
+                info.target = Some(cubin.target);
+            }
+            info.elf_abi = Some(u32::from(cubin.abi_version));
+            info.virtual_sm = cubin.virtual_sm;
+            info.kernels = cubin.kernels;
+            info.toolkit = cubin.toolkit;
+            info.size = cubin.extent;
+        }
+        kind if kind.is_ptx_text() => {
+            let text = ptx::ptx_identity(&payload);
+            let parsed = ptx::parse_ptx(text);
+            info.ptx_version = if entry.major != 0 {
+                Some((u32::from(entry.major), u32::from(entry.minor)))
+            } else {
+                parsed.version
+            };
+            if info.target.is_none() {
+                info.target = parsed.target;
+            }
+            info.debug |= parsed.debug;
+            info.kernels = parsed.entries;
+            info.size = text.len();
+        }
+        _ => info.size = payload.len(),
+    }
+    let identity = payload.get(..info.size).unwrap_or(&payload);
+    info.sha256 = digest(identity);
+    if let Cow::Borrowed(_) = payload {
+        info.raw_range = Some(entry.payload_offset..entry.payload_offset + info.size);
+    }
+    Ok(info)
+}
+
+fn bare_cubin(bytes: &[u8]) -> Result<ImageInfo, Error> {
+    let cubin = cubin::parse_cubin(bytes)?;
+    let identity = bytes.get(..cubin.extent).unwrap_or(bytes);
+    Ok(ImageInfo {
+        source: ImageSource::default(),
+        kind: ImageKind::Elf,
+        target: Some(cubin.target),
+        ptx_version: None,
+        elf_abi: Some(u32::from(cubin.abi_version)),
+        virtual_sm: cubin.virtual_sm,
+        debug: false,
+        flags: 0,
+        compression: Compression::None,
+        size: identity.len(),
+        sha256: digest(identity),
+        kernels: cubin.kernels,
+        toolkit: cubin.toolkit,
+        identifier: None,
+        options: None,
+        raw_range: Some(0..identity.len()),
+    })
+}
+
+fn bare_ptx(bytes: &[u8]) -> ImageInfo {
+    let text = ptx::ptx_identity(bytes);
+    let parsed = ptx::parse_ptx(text);
+    ImageInfo {
+        source: ImageSource::default(),
+        kind: ImageKind::Ptx,
+        target: parsed.target,
+        ptx_version: parsed.version,
+        elf_abi: None,
+        virtual_sm: None,
+        debug: parsed.debug,
+        flags: 0,
+        compression: Compression::None,
+        size: text.len(),
+        sha256: digest(text),
+        kernels: parsed.entries,
+        toolkit: None,
+        identifier: None,
+        options: None,
+        raw_range: Some(0..text.len()),
+    }
+}

@@ -1,0 +1,231 @@
+//! Checking images against the manifest (which modules, entries and targets) and the lock
+//! (exact sha256 and size): every promised image present and exact, nothing unexpected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::image::{describe_source, sha256_hex, ImageInfo, ImageKind};
+use crate::lock::Lock;
+use crate::manifest::{Manifest, Module};
+use crate::target::Target;
+
+/// One way the images differ from what the manifest and lock promise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discrepancy {
+    /// The module it concerns, when one could be named.
+    pub module: Option<String>,
+    pub target: Option<Target>,
+    /// What is wrong, with the file and image it was found in.
+    pub message: String,
+}
+
+impl fmt::Display for Discrepancy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.module, &self.target) {
+            (Some(m), Some(t)) => write!(f, "{m} {t}: {}", self.message),
+            (Some(m), None) => write!(f, "{m}: {}", self.message),
+            (None, Some(t)) => write!(f, "{t}: {}", self.message),
+            (None, None) => write!(f, "{}", self.message),
+        }
+    }
+}
+
+/// The images of one input file.
+#[derive(Debug, Clone)]
+pub struct FileImages {
+    pub name: String,
+    pub images: Vec<ImageInfo>,
+}
+
+/// Every discrepancy between the images of `files` and the manifest (and lock, if given);
+/// empty when everything holds.
+pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) -> Vec<Discrepancy> {
+    let mut out = Vec::new();
+    // (module, target) -> where it was first seen, to report duplicates and missing images.
+    let mut seen: BTreeMap<(String, Target), String> = BTreeMap::new();
+    for file in files {
+        let owners = identify_modules(manifest, lock, &file.images);
+        for (image, owner) in file.images.iter().zip(owners) {
+            let place = format!("{} {}", file.name, describe_source(&image.source));
+            let Some(module) = owner else {
+                out.push(Discrepancy {
+                    module: None,
+                    target: image.target,
+                    message: format!("unexpected {} image in {place} (kernels {:?}) belongs to no manifest module", image.kind.name(), image.kernels),
+                });
+                continue;
+            };
+            check_image(manifest, lock, module, image, &place, &mut seen, &mut out);
+        }
+    }
+    for module in &manifest.modules {
+        for target in manifest.module_targets(module) {
+            if !seen.contains_key(&(module.name.clone(), target)) {
+                out.push(Discrepancy {
+                    module: Some(module.name.clone()),
+                    target: Some(target),
+                    message: "missing: no such image in the given files".into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn check_image<'m>(
+    manifest: &'m Manifest,
+    lock: Option<&Lock>,
+    module: &'m Module,
+    image: &ImageInfo,
+    place: &str,
+    seen: &mut BTreeMap<(String, Target), String>,
+    out: &mut Vec<Discrepancy>,
+) {
+    let mut report = |target: Option<Target>, message: String| {
+        out.push(Discrepancy {
+            module: Some(module.name.clone()),
+            target,
+            message,
+        });
+    };
+    let Some(target) = image.target else {
+        report(
+            None,
+            format!(
+                "unexpected {} image without a target in {place}",
+                image.kind.name()
+            ),
+        );
+        return;
+    };
+    // The manifest promises SASS as cubins and the virtual target as PTX, nothing else.
+    let expected_kind = if target.virtual_arch {
+        ImageKind::Ptx
+    } else {
+        ImageKind::Elf
+    };
+    if image.kind != expected_kind {
+        report(
+            Some(target),
+            format!("unexpected {} image in {place}", image.kind.name()),
+        );
+        return;
+    }
+    if !manifest.module_targets(module).contains(&target) {
+        report(
+            Some(target),
+            format!("unexpected image in {place}: the manifest does not list this target"),
+        );
+        return;
+    }
+    if let Some(first) = seen.get(&(module.name.clone(), target)) {
+        report(
+            Some(target),
+            format!("duplicate image in {place} (first in {first})"),
+        );
+        return;
+    }
+    seen.insert((module.name.clone(), target), place.to_string());
+
+    let have: BTreeSet<&str> = image.kernels.iter().map(String::as_str).collect();
+    let want: BTreeSet<&str> = module.entries.iter().map(String::as_str).collect();
+    if have != want {
+        let missing: Vec<&str> = want.difference(&have).copied().collect();
+        let extra: Vec<&str> = have.difference(&want).copied().collect();
+        report(
+            Some(target),
+            format!("entries differ in {place}: missing {missing:?}, unexpected {extra:?}"),
+        );
+    }
+    if let Some(lock) = lock {
+        let hash = sha256_hex(&image.sha256);
+        match lock.image(&module.name, target) {
+            None => report(Some(target), format!("image in {place} is not in the lock; run `make lock` if this target was added on purpose")),
+            Some(locked) if locked.sha256 != hash || locked.size != image.size as u64 => report(
+                Some(target),
+                format!("sha256 {hash} ({} bytes) in {place}, lock has {} ({} bytes)", image.size, locked.sha256, locked.size),
+            ),
+            Some(_) => {}
+        }
+    }
+}
+
+/// The module each image belongs to. An image names its module by an exact lock hash, else by
+/// its kernel names; an image that does neither (a corrupted one) takes the module most other
+/// images of its container name, so a flipped byte still reports the right module and target.
+fn identify_modules<'m>(
+    manifest: &'m Manifest,
+    lock: Option<&Lock>,
+    images: &[ImageInfo],
+) -> Vec<Option<&'m Module>> {
+    let own: Vec<Option<&Module>> = images
+        .iter()
+        .map(|img| identify_one(manifest, lock, img))
+        .collect();
+    let mut votes: BTreeMap<ContainerKey, BTreeMap<&str, usize>> = BTreeMap::new();
+    for (img, module) in images.iter().zip(&own) {
+        if let Some(m) = module {
+            *votes
+                .entry(container_key(img))
+                .or_default()
+                .entry(m.name.as_str())
+                .or_default() += 1;
+        }
+    }
+    images
+        .iter()
+        .zip(own)
+        .map(|(img, module)| {
+            module.or_else(|| {
+                let counts = votes.get(&container_key(img))?;
+                let (name, _) = counts
+                    .iter()
+                    .max_by_key(|(name, n)| (**n, std::cmp::Reverse(**name)))?;
+                manifest.module(name)
+            })
+        })
+        .collect()
+}
+
+/// A container: its offset and, in archives, its member.
+type ContainerKey<'a> = (Option<usize>, Option<&'a str>);
+
+fn container_key(img: &ImageInfo) -> ContainerKey<'_> {
+    (img.source.container_offset, img.source.member.as_deref())
+}
+
+fn identify_one<'m>(
+    manifest: &'m Manifest,
+    lock: Option<&Lock>,
+    img: &ImageInfo,
+) -> Option<&'m Module> {
+    if let (Some(lock), Some(target)) = (lock, img.target) {
+        let hash = sha256_hex(&img.sha256);
+        if let Some(m) = manifest.modules.iter().find(|m| {
+            lock.image(&m.name, target)
+                .is_some_and(|l| l.sha256 == hash)
+        }) {
+            return Some(m);
+        }
+    }
+    let have: BTreeSet<&str> = img.kernels.iter().map(String::as_str).collect();
+    if have.is_empty() {
+        return None;
+    }
+    if let Some(m) = manifest.modules.iter().find(|m| entries(m) == have) {
+        return Some(m);
+    }
+    // Some but not all names match (a renamed or corrupted symbol): accept only one candidate.
+    let mut overlapping = manifest
+        .modules
+        .iter()
+        .filter(|m| !entries(m).is_disjoint(&have));
+    match (overlapping.next(), overlapping.next()) {
+        (Some(m), None) => Some(m),
+        _ => None,
+    }
+}
+
+fn entries(m: &Module) -> BTreeSet<&str> {
+    m.entries.iter().map(String::as_str).collect()
+}
