@@ -69,14 +69,17 @@ pub(crate) fn find_containers(
     bytes: &[u8],
     format: InputFormat,
 ) -> Result<Vec<(usize, Place)>, Error> {
-    let regions = match format {
+    let mut regions = match format {
         InputFormat::Elf => elf_regions(bytes, 0, None)?,
         InputFormat::Archive => archive_regions(bytes)?,
-        _ => vec![Region {
-            range: 0..bytes.len(),
-            place: Place::default(),
-        }],
+        _ => Vec::new(),
     };
+    // Last, the whole file: data outside every section (appended after an ELF, say) is found
+    // too, while containers already found keep the section and member they were found in.
+    regions.push(Region {
+        range: 0..bytes.len(),
+        place: Place::default(),
+    });
     let finder = memmem::Finder::new(&CONTAINER_SIGNATURE);
     // Keyed by offset: overlapping sections must not report one container twice.
     let mut found: BTreeMap<usize, Place> = BTreeMap::new();

@@ -544,6 +544,20 @@ fn fatbin_embedded_as_plain_data_at_any_alignment() {
     assert_eq!(images[0].kernels, ["k"]);
     let at = images[0].source.container_offset.unwrap();
     assert_eq!(&host[at..at + 4], &[0x50, 0xed, 0x55, 0xba]);
+    // Appended after the ELF, outside every section: still found, with no section name.
+    let mut appended = host.clone();
+    appended.resize(appended.len().div_ceil(8) * 8, 0);
+    let at = appended.len();
+    appended.extend_from_slice(&fatbin);
+    let images = list_images(&appended).unwrap();
+    assert_eq!(images.len(), 2);
+    assert_eq!(
+        (
+            images[1].source.container_offset,
+            images[1].source.section.as_deref()
+        ),
+        (Some(at), None)
+    );
     // A host ELF with no fatbin lists nothing, without error.
     assert_eq!(
         list_images(&elf_with_section(62, ".text", &[0x90; 32])).unwrap(),

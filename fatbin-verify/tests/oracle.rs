@@ -623,3 +623,76 @@ fn cli_extract_matches_cuobjdump() {
     assert_eq!(images.len(), ours.values().map(Vec::len).sum::<usize>());
     assert_eq!(images[0]["sha256"].as_str().map(str::len), Some(64));
 }
+
+#[test]
+fn cli_verify_passes_then_names_a_flipped_byte() {
+    let fatbin = std::fs::read(&corpus().files["default.fatbin"]).expect("read");
+    let images = list_images(&fatbin).expect("list");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = dir.path().join("aot-manifest.toml");
+    std::fs::write(
+        &manifest,
+        "[toolchain]\ncuda = \"13.0\"\nnvcc_version = \"13.0.88\"\n[targets]\nsass = [\"sm_80\"]\nptx = \"compute_80\"\n\
+         [[module]]\nname = \"ka\"\nkind = \"cuda\"\nsource = \"ka.cu\"\nentries = [\"add_one\", \"scale\"]\n",
+    )
+    .expect("write manifest");
+    let lock = fatbin_verify::lock::Lock {
+        format: fatbin_verify::lock::LOCK_FORMAT,
+        toolchain: "13.0.88".into(),
+        modules: vec![fatbin_verify::lock::LockedModule {
+            name: "ka".into(),
+            source_sha256: "0".repeat(64),
+            images: images
+                .iter()
+                .map(|i| fatbin_verify::lock::LockedImage {
+                    target: i.target.expect("target"),
+                    sha256: sha256_hex(&i.sha256),
+                    size: i.size as u64,
+                })
+                .collect(),
+        }],
+    };
+    let lock_path = dir.path().join("aot-manifest.lock");
+    std::fs::write(&lock_path, lock.to_toml_string()).expect("write lock");
+    let verify = |file: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_fatbin-verify"))
+            .arg("verify")
+            .arg("--manifest")
+            .arg(&manifest)
+            .arg("--lock")
+            .arg(&lock_path)
+            .arg(file)
+            .output()
+            .expect("run CLI")
+    };
+    let good = verify(&corpus().files["default.fatbin"]);
+    assert_eq!(
+        good.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&good.stdout)
+    );
+
+    // Flip one byte in the middle of the uncompressed sm_80 cubin.
+    let cubin = images
+        .iter()
+        .find(|i| i.kind == ImageKind::Elf)
+        .expect("cubin");
+    let range = cubin.raw_range.clone().expect("uncompressed cubin");
+    let mut flipped = fatbin.clone();
+    flipped[range.start + range.len() / 2] ^= 0x01;
+    let flipped_path = dir.path().join("flipped.fatbin");
+    std::fs::write(&flipped_path, &flipped).expect("write");
+    let bad = verify(&flipped_path);
+    let stdout = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(1), "{stdout}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with("ka sm_80: sha256 "), "{stdout}");
+
+    // A truncated file is unparsable: exit 2, naming the file.
+    let cut_path = dir.path().join("cut.fatbin");
+    std::fs::write(&cut_path, &fatbin[..100]).expect("write");
+    let cut = verify(&cut_path);
+    assert_eq!(cut.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&cut.stderr).contains("cut.fatbin"));
+}

@@ -1,0 +1,202 @@
+//! `verify`: table-driven checks of the manifest/lock comparison on plain `ImageInfo` values.
+
+use std::path::Path;
+
+use fatbin_verify::lock::{Lock, LockedImage, LockedModule, LOCK_FORMAT};
+use fatbin_verify::manifest::Manifest;
+use fatbin_verify::verify::{verify, FileImages};
+use fatbin_verify::{sha256_hex, Compression, ImageInfo, ImageKind, ImageSource, Target};
+
+const MANIFEST: &str = r#"
+[toolchain]
+cuda = "13.0"
+nvcc_version = "13.0.88"
+
+[targets]
+sass = ["sm_80", "sm_90"]
+ptx = "compute_80"
+
+[[module]]
+name = "rmsnorm"
+kind = "cuda"
+source = "kernels/norm/rmsnorm.cu"
+entries = ["rmsnorm_bf16", "fused_add_rmsnorm_bf16"]
+
+[[module]]
+name = "rotary"
+kind = "cuda"
+source = "kernels/rotary/rotary_neox.cu"
+entries = ["rotary_neox_bf16"]
+"#;
+
+fn manifest() -> Manifest {
+    Manifest::parse(MANIFEST, Path::new("aot-manifest.toml")).expect("test manifest")
+}
+
+/// A distinct fake digest per (module, target).
+fn digest(module: &str, target: Target) -> [u8; 32] {
+    let mut d = [0u8; 32];
+    for (i, b) in format!("{module}{target}").bytes().enumerate().take(32) {
+        d[i] = b;
+    }
+    d
+}
+
+fn image(container: usize, module: &str, target: &str, kernels: &[&str]) -> ImageInfo {
+    let target: Target = target.parse().expect("target");
+    ImageInfo {
+        source: ImageSource {
+            container_offset: Some(container),
+            ..Default::default()
+        },
+        kind: if target.virtual_arch {
+            ImageKind::Ptx
+        } else {
+            ImageKind::Elf
+        },
+        target: Some(target),
+        ptx_version: None,
+        elf_abi: None,
+        virtual_sm: None,
+        debug: false,
+        flags: 0,
+        compression: Compression::None,
+        size: 100,
+        sha256: digest(module, target),
+        kernels: kernels.iter().map(|s| s.to_string()).collect(),
+        toolkit: None,
+        identifier: None,
+        options: None,
+        raw_range: None,
+    }
+}
+
+const RMS: &[&str] = &["rmsnorm_bf16", "fused_add_rmsnorm_bf16"];
+const ROT: &[&str] = &["rotary_neox_bf16"];
+
+/// One container per module, every promised target.
+fn good_build() -> Vec<ImageInfo> {
+    let mut v = Vec::new();
+    for t in ["sm_80", "sm_90", "compute_80"] {
+        v.push(image(0, "rmsnorm", t, RMS));
+    }
+    for t in ["sm_80", "sm_90", "compute_80"] {
+        v.push(image(0x1000, "rotary", t, ROT));
+    }
+    v
+}
+
+fn lock() -> Lock {
+    let modules = [("rmsnorm", 0), ("rotary", 1)]
+        .iter()
+        .map(|(name, _)| LockedModule {
+            name: name.to_string(),
+            source_sha256: "0".repeat(64),
+            images: ["sm_80", "sm_90", "compute_80"]
+                .iter()
+                .map(|t| {
+                    let target: Target = t.parse().expect("target");
+                    LockedImage {
+                        target,
+                        sha256: sha256_hex(&digest(name, target)),
+                        size: 100,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Lock {
+        format: LOCK_FORMAT,
+        toolchain: "13.0.88".into(),
+        modules,
+    }
+}
+
+fn run(images: Vec<ImageInfo>, with_lock: bool) -> Vec<String> {
+    let lock = lock();
+    let files = [FileImages {
+        name: "app".into(),
+        images,
+    }];
+    verify(&manifest(), with_lock.then_some(&lock), &files)
+        .iter()
+        .map(|d| d.to_string())
+        .collect()
+}
+
+#[test]
+fn a_complete_exact_build_passes() {
+    assert_eq!(run(good_build(), true), Vec::<String>::new());
+    assert_eq!(run(good_build(), false), Vec::<String>::new());
+}
+
+#[test]
+fn a_changed_image_names_module_and_target() {
+    let mut images = good_build();
+    images[1].sha256[31] ^= 1; // rmsnorm sm_90
+    let out = run(images, true);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(out[0].starts_with("rmsnorm sm_90: sha256 "), "{}", out[0]);
+    assert!(out[0].contains("lock has"), "{}", out[0]);
+}
+
+#[test]
+fn a_corrupted_kernel_name_is_still_attributed_by_its_container() {
+    let mut images = good_build();
+    images[4].kernels = vec!["rotary_neox_bf17".into()]; // a flipped byte in the symbol name
+    images[4].sha256[0] ^= 0xff;
+    let out = run(images, true);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(
+        out[0].starts_with("rotary sm_90: entries differ"),
+        "{}",
+        out[0]
+    );
+    assert!(
+        out[0].contains(r#"missing ["rotary_neox_bf16"], unexpected ["rotary_neox_bf17"]"#),
+        "{}",
+        out[0]
+    );
+    assert!(out[1].starts_with("rotary sm_90: sha256 "), "{}", out[1]);
+}
+
+#[test]
+fn missing_extra_duplicate_and_foreign_images() {
+    let mut images = good_build();
+    images.remove(2); // rmsnorm compute_80
+    images.push(image(0x1000, "rotary", "sm_100", ROT)); // not in the manifest
+    images.push(image(0x2000, "rotary", "sm_80", ROT)); // twice
+    images.push(image(0x3000, "other", "sm_80", &["mystery_kernel"])); // no module
+    let out = run(images, false);
+    assert_eq!(
+        out,
+        [
+            "rotary sm_100: unexpected image in app container 0x1000 entry 0: the manifest does not list this target",
+            "rotary sm_80: duplicate image in app container 0x2000 entry 0 (first in app container 0x1000 entry 0)",
+            r#"sm_80: unexpected elf image in app container 0x3000 entry 0 (kernels ["mystery_kernel"]) belongs to no manifest module"#,
+            "rmsnorm compute_80: missing: no such image in the given files",
+        ]
+    );
+}
+
+#[test]
+fn an_image_absent_from_the_lock_is_reported() {
+    let mut lock = lock();
+    lock.modules[0]
+        .images
+        .retain(|i| i.target != Target::sass(90));
+    let files = [FileImages {
+        name: "app".into(),
+        images: good_build(),
+    }];
+    let out: Vec<String> = verify(&manifest(), Some(&lock), &files)
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    assert_eq!(out.len(), 1);
+    assert!(
+        out[0].starts_with("rmsnorm sm_90: image in app container 0x0 entry 0 is not in the lock"),
+        "{}",
+        out[0]
+    );
+}
