@@ -4,14 +4,18 @@
 use aot_kernels::dispatch::source::parse_ptx_version;
 use aot_kernels::dispatch::verify::sha256_hex;
 use aot_kernels::dispatch::{
-    check_module, plan, verify_image, DeviceSpec, DispatchError, ImageBytes, ImageSource, ModuleSource, Policy, Reason,
-    Version,
+    check_module, plan, verify_image, DeviceSpec, DispatchError, ImageBytes, ImageSource,
+    ModuleSource, Policy, Reason, Version,
 };
 use aot_kernels::registry;
 use fatbin_verify::Target;
 
 fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
-    DeviceSpec { capability: cap.parse().unwrap(), integrated, driver: driver.parse().unwrap() }
+    DeviceSpec {
+        capability: cap.parse().unwrap(),
+        integrated,
+        driver: driver.parse().unwrap(),
+    }
 }
 
 /// Registry modules, or `None` (with a visible note) when this build left out a target the
@@ -36,7 +40,15 @@ fn registry_with(targets: &[&str]) -> Option<Vec<ModuleSource>> {
 }
 
 fn chosen(p: &aot_kernels::dispatch::Plan) -> Vec<(String, Option<String>)> {
-    p.modules.iter().map(|m| (m.module.clone(), m.choice.as_ref().map(|c| c.target.to_string()))).collect()
+    p.modules
+        .iter()
+        .map(|m| {
+            (
+                m.module.clone(),
+                m.choice.as_ref().map(|c| c.target.to_string()),
+            )
+        })
+        .collect()
 }
 
 fn assert_all(p: &aot_kernels::dispatch::Plan, want: &str) {
@@ -48,18 +60,33 @@ fn assert_all(p: &aot_kernels::dispatch::Plan, want: &str) {
 
 #[test]
 fn thor_orin_hopper_and_spark_get_their_exact_sass() {
-    let Some(modules) = registry_with(&["sm_110", "sm_87", "sm_90", "sm_121"]) else { return };
-    for (cap, integrated, want) in [("11.0", true, "sm_110"), ("8.7", true, "sm_87"), ("9.0", false, "sm_90"), ("12.1", false, "sm_121")] {
+    let Some(modules) = registry_with(&["sm_110", "sm_87", "sm_90", "sm_121"]) else {
+        return;
+    };
+    for (cap, integrated, want) in [
+        ("11.0", true, "sm_110"),
+        ("8.7", true, "sm_87"),
+        ("9.0", false, "sm_90"),
+        ("12.1", false, "sm_121"),
+    ] {
         let p = plan(dev(cap, integrated, "13.0"), Policy::Auto, true, &modules);
         assert_all(&p, want);
-        assert!(p.modules.iter().all(|m| m.choice.as_ref().unwrap().reason == Reason::ExactSass));
+        assert!(p
+            .modules
+            .iter()
+            .all(|m| m.choice.as_ref().unwrap().reason == Reason::ExactSass));
     }
 }
 
 #[test]
 fn orin_without_sm_87_takes_ptx_not_sm_80() {
-    let Some(modules) = registry_with(&["sm_80", "sm_87", "compute_80"]) else { return };
-    let without: Vec<_> = modules.into_iter().map(|m| m.without_target(Target::sass(87))).collect();
+    let Some(modules) = registry_with(&["sm_80", "sm_87", "compute_80"]) else {
+        return;
+    };
+    let without: Vec<_> = modules
+        .into_iter()
+        .map(|m| m.without_target(Target::sass(87)))
+        .collect();
     let p = plan(dev("8.7", true, "13.0"), Policy::Auto, true, &without);
     assert_all(&p, "compute_80");
     // The same registry on a desktop 8.7-like minor takes the compatible cubin (sm_86).
@@ -69,7 +96,9 @@ fn orin_without_sm_87_takes_ptx_not_sm_80() {
 
 #[test]
 fn hopper_on_a_12_8_driver_with_only_sm_80_and_nvcc13_ptx_is_an_error_that_says_what_is_needed() {
-    let Some(modules) = registry_with(&["sm_80", "compute_80"]) else { return };
+    let Some(modules) = registry_with(&["sm_80", "compute_80"]) else {
+        return;
+    };
     let only: Vec<_> = modules
         .into_iter()
         .map(|m| m.retain_images(|i| i.target == Target::sass(80) || i.target.virtual_arch))
@@ -81,29 +110,43 @@ fn hopper_on_a_12_8_driver_with_only_sm_80_and_nvcc13_ptx_is_an_error_that_says_
         assert!(e.contains("present [sm_80, compute_80 (PTX 9.0)]"), "{e}");
         assert!(e.contains("needs SASS sm_90"), "{e}");
         assert!(e.contains(".version <= 8.7"), "{e}");
-        assert!(e.contains("compute_80 has PTX ISA 9.0, which needs driver >= 13.0"), "{e}");
+        assert!(
+            e.contains("compute_80 has PTX ISA 9.0, which needs driver >= 13.0"),
+            "{e}"
+        );
     }
     assert!(p.to_table().contains("ERROR"));
 }
 
 #[test]
 fn a_future_gpu_falls_back_to_ptx_and_an_old_driver_cannot() {
-    let Some(modules) = registry_with(&["compute_80"]) else { return };
+    let Some(modules) = registry_with(&["compute_80"]) else {
+        return;
+    };
     let p = plan(dev("13.0", false, "13.0"), Policy::Auto, true, &modules);
     assert_all(&p, "compute_80");
     assert!(p.modules.iter().all(|m| m.choice.as_ref().unwrap().jit));
     let p = plan(dev("13.0", false, "12.8"), Policy::Auto, true, &modules);
-    assert!(p.modules.iter().all(|m| m.error.is_some()), "{}", p.to_table());
+    assert!(
+        p.modules.iter().all(|m| m.error.is_some()),
+        "{}",
+        p.to_table()
+    );
 }
 
 #[test]
 fn h200_policies() {
-    let Some(modules) = registry_with(&["sm_90", "compute_80"]) else { return };
+    let Some(modules) = registry_with(&["sm_90", "compute_80"]) else {
+        return;
+    };
     let h200 = dev("9.0", false, "13.0");
     assert_all(&plan(h200, Policy::Auto, false, &modules), "sm_90");
     assert_all(&plan(h200, Policy::SassOnly, false, &modules), "sm_90");
     assert_all(&plan(h200, Policy::PtxOnly, false, &modules), "compute_80");
-    let without: Vec<_> = modules.into_iter().map(|m| m.without_target(Target::sass(90))).collect();
+    let without: Vec<_> = modules
+        .into_iter()
+        .map(|m| m.without_target(Target::sass(90)))
+        .collect();
     assert_all(&plan(h200, Policy::Auto, false, &without), "compute_80");
 }
 
@@ -128,10 +171,18 @@ fn every_embedded_image_matches_its_recorded_hash_and_ptx_version() {
         for img in m.images {
             let b = img.bytes();
             assert_eq!(b.len(), img.size, "{} {}", m.name, img.target);
-            micros += verify_image(m.name, img.target, b, img.sha256).unwrap().micros;
+            micros += verify_image(m.name, img.target, b, img.sha256)
+                .unwrap()
+                .micros;
             bytes += b.len();
             if img.target.virtual_arch {
-                assert_eq!(parse_ptx_version(b), img.ptx_version, "{} {}", m.name, img.target);
+                assert_eq!(
+                    parse_ptx_version(b),
+                    img.ptx_version,
+                    "{} {}",
+                    m.name,
+                    img.target
+                );
                 assert!(!b.contains(&0), "PTX records carry no NUL");
             } else {
                 assert_eq!(img.ptx_version, None);
@@ -147,29 +198,55 @@ fn h200() -> DeviceSpec {
 }
 
 /// A registry module with its `target` image replaced by `bytes`, recorded as `sha256` / `ptx_version`.
-fn altered(module: &str, target: Target, bytes: Vec<u8>, sha256: String, ptx_version: Option<(u32, u32)>) -> ModuleSource {
+fn altered(
+    module: &str,
+    target: Target,
+    bytes: Vec<u8>,
+    sha256: String,
+    ptx_version: Option<(u32, u32)>,
+) -> ModuleSource {
     let mut m = ModuleSource::from_record(registry::module(module).unwrap());
     let img = m.images.iter_mut().find(|i| i.target == target).unwrap();
-    *img = ImageSource { target, sha256, ptx_version, bytes: ImageBytes::Owned(bytes) };
+    *img = ImageSource {
+        target,
+        sha256,
+        ptx_version,
+        bytes: ImageBytes::Owned(bytes),
+    };
     m
 }
 
 #[test]
 fn a_tampered_cubin_is_refused_naming_module_and_target() {
-    let Some(_) = registry_with(&["sm_90"]) else { return };
+    let Some(_) = registry_with(&["sm_90"]) else {
+        return;
+    };
     let rec = registry::module("rmsnorm").unwrap();
-    let orig = rec.images.iter().find(|i| i.target == Target::sass(90)).unwrap();
+    let orig = rec
+        .images
+        .iter()
+        .find(|i| i.target == Target::sass(90))
+        .unwrap();
     let mut bytes = orig.bytes().to_vec();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
     // The record keeps the build's hash: the bytes no longer match it.
-    let m = altered("rmsnorm", Target::sass(90), bytes, orig.sha256.to_string(), None);
+    let m = altered(
+        "rmsnorm",
+        Target::sass(90),
+        bytes,
+        orig.sha256.to_string(),
+        None,
+    );
     match check_module(&h200(), Policy::Auto, &m) {
         Err(DispatchError::Tampered(e)) => {
             assert_eq!((e.module.as_str(), e.target), ("rmsnorm", Target::sass(90)));
             assert_eq!(e.expected, orig.sha256);
             let msg = e.to_string();
-            assert!(msg.contains("rmsnorm") && msg.contains("sm_90") && msg.contains("refusing"), "{msg}");
+            assert!(
+                msg.contains("rmsnorm") && msg.contains("sm_90") && msg.contains("refusing"),
+                "{msg}"
+            );
         }
         other => panic!("expected a hash refusal, got {other:?}"),
     }
@@ -180,12 +257,27 @@ fn a_tampered_cubin_is_refused_naming_module_and_target() {
 /// as a build with a newer toolkit would record it. Only the ISA check can then refuse it.
 fn ptx_with_version(module: &str, new: &str) -> ModuleSource {
     let rec = registry::module(module).unwrap();
-    let ptx = rec.images.iter().find(|i| i.target == Target::ptx(80)).unwrap();
+    let ptx = rec
+        .images
+        .iter()
+        .find(|i| i.target == Target::ptx(80))
+        .unwrap();
     let text = std::str::from_utf8(ptx.bytes()).unwrap();
-    assert!(text.contains(".version 9.0"), "the PTX fallback was expected to come from nvcc 13.0");
-    let bytes = text.replacen(".version 9.0", &format!(".version {new}"), 1).into_bytes();
+    assert!(
+        text.contains(".version 9.0"),
+        "the PTX fallback was expected to come from nvcc 13.0"
+    );
+    let bytes = text
+        .replacen(".version 9.0", &format!(".version {new}"), 1)
+        .into_bytes();
     let isa = parse_ptx_version(&bytes);
-    altered(module, Target::ptx(80), bytes.clone(), sha256_hex(&bytes), isa)
+    altered(
+        module,
+        Target::ptx(80),
+        bytes.clone(),
+        sha256_hex(&bytes),
+        isa,
+    )
 }
 
 #[test]
@@ -195,7 +287,13 @@ fn ptx_newer_than_the_driver_is_refused_before_the_driver_sees_it() {
     match check_module(&h200(), Policy::PtxOnly, &m) {
         Err(DispatchError::NoImage { module, source }) => {
             assert_eq!(module, "activation");
-            assert!(source.needed.contains("PTX ISA 9.9, which this dispatcher does not know"), "{}", source.needed);
+            assert!(
+                source
+                    .needed
+                    .contains("PTX ISA 9.9, which this dispatcher does not know"),
+                "{}",
+                source.needed
+            );
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -205,7 +303,14 @@ fn ptx_newer_than_the_driver_is_refused_before_the_driver_sees_it() {
     assert!(err.to_string().contains("needs driver >= 13.1"), "{err}");
     // The same image is fine for a 13.1 driver.
     let (_, reason, _) = check_module(&dev("9.0", false, "13.1"), Policy::PtxOnly, &m).unwrap();
-    assert_eq!(reason, Reason::PtxJit { isa: (9, 1), min_driver: Version::new(13, 1), forced: true });
+    assert_eq!(
+        reason,
+        Reason::PtxJit {
+            isa: (9, 1),
+            min_driver: Version::new(13, 1),
+            forced: true
+        }
+    );
 }
 
 #[test]
@@ -213,10 +318,22 @@ fn a_recorded_ptx_version_that_disagrees_with_the_text_is_refused() {
     let honest = ptx_with_version("rotary", "9.1");
     // Record 9.0 (what selection would accept on 13.0) over text that says 9.1.
     let mut m = honest.clone();
-    m.images.iter_mut().find(|i| i.target.virtual_arch).unwrap().ptx_version = Some((9, 0));
+    m.images
+        .iter_mut()
+        .find(|i| i.target.virtual_arch)
+        .unwrap()
+        .ptx_version = Some((9, 0));
     match check_module(&h200(), Policy::PtxOnly, &m) {
-        Err(DispatchError::PtxVersionMismatch { module, recorded, found, .. }) => {
-            assert_eq!((module.as_str(), recorded.as_str(), found.as_str()), ("rotary", "9.0", "9.1"));
+        Err(DispatchError::PtxVersionMismatch {
+            module,
+            recorded,
+            found,
+            ..
+        }) => {
+            assert_eq!(
+                (module.as_str(), recorded.as_str(), found.as_str()),
+                ("rotary", "9.0", "9.1")
+            );
         }
         other => panic!("expected a .version mismatch, got {other:?}"),
     }
@@ -224,7 +341,9 @@ fn a_recorded_ptx_version_that_disagrees_with_the_text_is_refused() {
 
 #[test]
 fn registry_images_are_hashed_once_per_process() {
-    let Some(modules) = registry_with(&["sm_90"]) else { return };
+    let Some(modules) = registry_with(&["sm_90"]) else {
+        return;
+    };
     let m = &modules[0];
     let (_, _, first) = check_module(&h200(), Policy::Auto, m).unwrap();
     let (_, _, second) = check_module(&h200(), Policy::Auto, m).unwrap();

@@ -16,7 +16,11 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 #[derive(Parser)]
-#[command(name = "qwen-decode", version, about = "Qwen decode on ahead-of-time compiled CUDA kernels")]
+#[command(
+    name = "qwen-decode",
+    version,
+    about = "Qwen decode on ahead-of-time compiled CUDA kernels"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,19 +72,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// One line per module: its entries and images (sizes and hashes are in `--json`).
 fn registry_table() -> String {
     let b = registry::build_info();
     let mut out = String::new();
-    let filter = b.target_filter.map(|f| format!(", limited to AOT_TARGETS={f}")).unwrap_or_default();
-    let _ = writeln!(out, "kernel registry: nvcc {} ({}){filter}", b.toolchain, b.toolchain_source);
-    let _ = writeln!(out, "lock: {}", b.lock_status);
+    let filter = b
+        .target_filter
+        .map(|f| format!(", limited to AOT_TARGETS={f}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "kernel registry: nvcc {} ({}){filter}; lock {}",
+        b.toolchain, b.toolchain_source, b.lock_status
+    );
     for m in registry::modules() {
-        let _ = writeln!(out, "module {} (entries: {})", m.name, m.entries.join(", "));
-        for img in m.images {
-            let ptx = img.ptx_version.map(|(a, b)| format!("PTX {a}.{b}")).unwrap_or_default();
-            let sha = img.sha256.get(..16).unwrap_or(img.sha256);
-            let _ = writeln!(out, "  {:<12} {:>8} bytes  sha256 {sha}…  {ptx}", img.target.to_string(), img.size);
-        }
+        let images: Vec<String> = m
+            .images
+            .iter()
+            .map(|i| match i.ptx_version {
+                Some((a, b)) => format!("{} (PTX {a}.{b})", i.target),
+                None => i.target.to_string(),
+            })
+            .collect();
+        let bytes: usize = m.images.iter().map(|i| i.size).sum();
+        let _ = writeln!(
+            out,
+            "  {} [{}]: {}; {} KiB",
+            m.name,
+            m.entries.join(", "),
+            images.join(" "),
+            bytes.div_ceil(1024)
+        );
     }
     out
 }
@@ -97,9 +119,15 @@ fn kernels(args: KernelsArgs) -> ExitCode {
 
     // A simulated device needs no driver; otherwise open GPU 0 and read what it is.
     let (device, opened, device_error) = match (args.simulate, args.driver) {
-        (Some(capability), Some(driver)) => {
-            (Some(DeviceSpec { capability, integrated: args.integrated, driver }), None, None)
-        }
+        (Some(capability), Some(driver)) => (
+            Some(DeviceSpec {
+                capability,
+                integrated: args.integrated,
+                driver,
+            }),
+            None,
+            None,
+        ),
         _ => match dispatch::open_device(0) {
             Ok(d) => (Some(d.spec), Some(d), None),
             Err(e) => (None, None, Some(e.to_string())),
@@ -119,7 +147,9 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     };
 
     let plan = dispatch::plan(device, policy, args.simulate.is_some(), &modules);
-    let mut error = plan.has_errors().then(|| "a module has no usable image on this device; see the plan".to_string());
+    let mut error = plan
+        .has_errors()
+        .then(|| "a module has no usable image on this device; see the plan".to_string());
 
     // On a real device, load what the plan chose so the driver's own view is reported.
     let loaded = match (&opened, error.is_none()) {
@@ -135,7 +165,12 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     let load = loaded.as_ref().map(|k| k.report());
 
     if args.json {
-        let out = KernelsJson { build: registry::build_info(), plan: &plan, load, error: error.clone() };
+        let out = KernelsJson {
+            build: registry::build_info(),
+            plan: &plan,
+            load,
+            error: error.clone(),
+        };
         match serde_json::to_string_pretty(&out) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("error: cannot write JSON: {e}"),

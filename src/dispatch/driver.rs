@@ -46,24 +46,47 @@ pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
     if !driver_present() {
         return Err(DispatchError::NoDriver);
     }
-    let device_err = |e: DriverError| DispatchError::Device { ordinal, failure: translate(e) };
+    let device_err = |e: DriverError| DispatchError::Device {
+        ordinal,
+        failure: translate(e),
+    };
     // cudarc resolves driver symbols lazily and panics on one the driver lacks (an old driver);
     // turn that into an error instead of taking the process down.
     let opened = catch_unwind(AssertUnwindSafe(|| -> Result<OpenDevice, DispatchError> {
         let ctx = CudaContext::new(ordinal).map_err(device_err)?;
         let (major, minor) = ctx.compute_capability().map_err(device_err)?;
-        let integrated = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED).map_err(device_err)? != 0;
+        let integrated = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .map_err(device_err)?
+            != 0;
         let driver = driver_version().map_err(device_err)?;
         let name = ctx.name().unwrap_or_else(|_| "unknown".to_string());
         let capability = Version::new(major.max(0) as u32, minor.max(0) as u32);
-        Ok(OpenDevice { ctx, spec: DeviceSpec { capability, integrated, driver }, name })
+        Ok(OpenDevice {
+            ctx,
+            spec: DeviceSpec {
+                capability,
+                integrated,
+                driver,
+            },
+            name,
+        })
     }));
-    opened.unwrap_or_else(|p| Err(DispatchError::DriverPanic { during: "opening the device", message: panic_message(p) }))
+    opened.unwrap_or_else(|p| {
+        Err(DispatchError::DriverPanic {
+            during: "opening the device",
+            message: panic_message(p),
+        })
+    })
 }
 
 /// Load one image. `ptx` text gets the NUL terminator `cuModuleLoadData` needs; the caller has
 /// checked it has no NUL inside.
-pub fn load_image(ctx: &Arc<CudaContext>, bytes: &[u8], ptx: bool) -> Result<Arc<CudaModule>, DriverError> {
+pub fn load_image(
+    ctx: &Arc<CudaContext>,
+    bytes: &[u8],
+    ptx: bool,
+) -> Result<Arc<CudaModule>, DriverError> {
     let mut data = Vec::with_capacity(bytes.len() + 1);
     data.extend_from_slice(bytes);
     if ptx {

@@ -53,7 +53,11 @@ pub fn translate(err: DriverError) -> DriverFailure {
         CUDA_ERROR_NOT_FOUND => ("the module has no function of that name", "rebuild: the registry and the image disagree on entry names"),
         _ => ("the driver call failed", "see the CUDA driver API documentation for this code"),
     };
-    DriverFailure { code: format!("{:?}", err.0), what, fix }
+    DriverFailure {
+        code: format!("{:?}", err.0),
+        what,
+        fix,
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,25 +65,54 @@ pub enum DispatchError {
     #[error("no CUDA driver found (libcuda could not be opened): this machine has no NVIDIA driver, or LD_LIBRARY_PATH misses it. Use `qwen-decode kernels --simulate X.Y --driver X.Y` to see another device's plan")]
     NoDriver,
     #[error("CUDA device {ordinal} unavailable: {failure}")]
-    Device { ordinal: usize, failure: DriverFailure },
-    #[error("the CUDA driver library panicked while {during}: {message}. Update the NVIDIA driver")]
-    DriverPanic { during: &'static str, message: String },
+    Device {
+        ordinal: usize,
+        failure: DriverFailure,
+    },
+    #[error(
+        "the CUDA driver library panicked while {during}: {message}. Update the NVIDIA driver"
+    )]
+    DriverPanic {
+        during: &'static str,
+        message: String,
+    },
     #[error("module {module}: {source}")]
-    NoImage { module: String, source: NoImageError },
+    NoImage {
+        module: String,
+        source: NoImageError,
+    },
     #[error(transparent)]
     Policy(#[from] ParsePolicyError),
     #[error(transparent)]
     Tampered(#[from] HashMismatch),
     #[error("module {module}, image {target}: the recorded PTX .version {recorded} differs from the image's own `.version {found}`; refusing to load. Rebuild the crate")]
-    PtxVersionMismatch { module: String, target: Target, recorded: String, found: String },
+    PtxVersionMismatch {
+        module: String,
+        target: Target,
+        recorded: String,
+        found: String,
+    },
     #[error("module {module}, image {target}: PTX text contains a NUL byte, so it cannot be handed to the driver; rebuild the crate")]
     PtxHasNul { module: String, target: Target },
     #[error("module {module}, image {target}: loading failed: {failure}")]
-    Load { module: String, target: Target, failure: DriverFailure },
+    Load {
+        module: String,
+        target: Target,
+        failure: DriverFailure,
+    },
     #[error("module {module}, image {target}: function {entry}: {failure}")]
-    Function { module: String, target: Target, entry: String, failure: DriverFailure },
+    Function {
+        module: String,
+        target: Target,
+        entry: String,
+        failure: DriverFailure,
+    },
     #[error("no module {module} is loaded (known: {known})")]
     UnknownModule { module: String, known: String },
     #[error("module {module} has no entry {entry} (entries: {known})")]
-    UnknownEntry { module: String, entry: String, known: String },
+    UnknownEntry {
+        module: String,
+        entry: String,
+        known: String,
+    },
 }

@@ -13,11 +13,11 @@ use serde::Serialize;
 
 use super::driver::{self, function_attributes, FunctionAttributes, OpenDevice};
 use super::error::{translate, DispatchError};
+use super::plan::select_for_module;
 use super::policy::Policy;
 use super::select::{DeviceSpec, Reason};
 use super::source::{parse_ptx_version, ImageBytes, ModuleSource};
 use super::verify::{verify_image, verify_static_image, HashCheck};
-use super::plan::select_for_module;
 
 /// One entry point as the driver sees it after loading.
 #[derive(Debug, Clone, Serialize)]
@@ -80,7 +80,11 @@ impl LoadReport {
         for m in &self.modules {
             for e in &m.entries {
                 let a = &e.attributes;
-                let hash = if m.hash_cached { "cached".to_string() } else { m.hash_us.to_string() };
+                let hash = if m.hash_cached {
+                    "cached".to_string()
+                } else {
+                    m.hash_us.to_string()
+                };
                 let _ = writeln!(
                     out,
                     "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
@@ -123,22 +127,30 @@ pub struct LoadedKernels {
 
 impl std::fmt::Debug for LoadedKernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedKernels").field("report", &self.report).finish_non_exhaustive()
+        f.debug_struct("LoadedKernels")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
     }
 }
 
 impl LoadedKernels {
     /// The function `entry` of `module`, as loaded for this device.
     pub fn function(&self, module: &str, entry: &str) -> Result<CudaFunction, DispatchError> {
-        let m = self.modules.get(module).ok_or_else(|| DispatchError::UnknownModule {
-            module: module.to_string(),
-            known: self.modules.keys().cloned().collect::<Vec<_>>().join(", "),
-        })?;
-        m.functions.get(entry).cloned().ok_or_else(|| DispatchError::UnknownEntry {
-            module: module.to_string(),
-            entry: entry.to_string(),
-            known: m.functions.keys().cloned().collect::<Vec<_>>().join(", "),
-        })
+        let m = self
+            .modules
+            .get(module)
+            .ok_or_else(|| DispatchError::UnknownModule {
+                module: module.to_string(),
+                known: self.modules.keys().cloned().collect::<Vec<_>>().join(", "),
+            })?;
+        m.functions
+            .get(entry)
+            .cloned()
+            .ok_or_else(|| DispatchError::UnknownEntry {
+                module: module.to_string(),
+                entry: entry.to_string(),
+                known: m.functions.keys().cloned().collect::<Vec<_>>().join(", "),
+            })
     }
 
     /// The loaded module handle (for globals), if `module` is loaded.
@@ -208,14 +220,25 @@ pub fn load_modules(
         modules: reports,
     };
     let stream = device.ctx.default_stream();
-    Ok(LoadedKernels { ctx: device.ctx.clone(), stream, modules: loaded, report })
+    Ok(LoadedKernels {
+        ctx: device.ctx.clone(),
+        stream,
+        modules: loaded,
+        report,
+    })
 }
 
 /// Everything that happens before the driver sees an image: selection, hash, PTX checks.
 /// Returns the index of the image to load and the hash check's cost.
-pub fn check_module(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> Result<(usize, Reason, HashCheck), DispatchError> {
-    let sel = select_for_module(device, policy, m)
-        .map_err(|source| DispatchError::NoImage { module: m.name.clone(), source })?;
+pub fn check_module(
+    device: &DeviceSpec,
+    policy: Policy,
+    m: &ModuleSource,
+) -> Result<(usize, Reason, HashCheck), DispatchError> {
+    let sel = select_for_module(device, policy, m).map_err(|source| DispatchError::NoImage {
+        module: m.name.clone(),
+        source,
+    })?;
     let img = &m.images[sel.index];
     let hash = match &img.bytes {
         ImageBytes::Static(b) => verify_static_image(&m.name, img.target, b, &img.sha256)?,
@@ -226,7 +249,8 @@ pub fn check_module(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> Re
         // Selection trusted the recorded .version; make sure the text says the same.
         let found = parse_ptx_version(bytes);
         if found != img.ptx_version {
-            let show = |v: Option<(u32, u32)>| v.map_or("none".to_string(), |(a, b)| format!("{a}.{b}"));
+            let show =
+                |v: Option<(u32, u32)>| v.map_or("none".to_string(), |(a, b)| format!("{a}.{b}"));
             return Err(DispatchError::PtxVersionMismatch {
                 module: m.name.clone(),
                 target: img.target,
@@ -235,21 +259,31 @@ pub fn check_module(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> Re
             });
         }
         if bytes.contains(&0) {
-            return Err(DispatchError::PtxHasNul { module: m.name.clone(), target: img.target });
+            return Err(DispatchError::PtxHasNul {
+                module: m.name.clone(),
+                target: img.target,
+            });
         }
     }
     Ok((sel.index, sel.reason, hash))
 }
 
-fn load_module(device: &OpenDevice, policy: Policy, m: &ModuleSource) -> Result<(LoadedModule, ModuleReport), DispatchError> {
+fn load_module(
+    device: &OpenDevice,
+    policy: Policy,
+    m: &ModuleSource,
+) -> Result<(LoadedModule, ModuleReport), DispatchError> {
     let (index, reason, hash) = check_module(&device.spec, policy, m)?;
     let img = &m.images[index];
     let start = Instant::now();
-    let module = driver::load_image(&device.ctx, img.bytes.as_slice(), img.is_ptx()).map_err(|e| DispatchError::Load {
-        module: m.name.clone(),
-        target: img.target,
-        failure: translate(e),
-    })?;
+    let module =
+        driver::load_image(&device.ctx, img.bytes.as_slice(), img.is_ptx()).map_err(|e| {
+            DispatchError::Load {
+                module: m.name.clone(),
+                target: img.target,
+                failure: translate(e),
+            }
+        })?;
     let load_us = start.elapsed().as_micros() as u64;
 
     let mut functions = BTreeMap::new();
@@ -267,7 +301,10 @@ fn load_module(device: &OpenDevice, policy: Policy, m: &ModuleSource) -> Result<
         }
         let f = module.load_function(entry).map_err(fn_err)?;
         let attributes = function_attributes(&f).map_err(fn_err)?;
-        entries.push(EntryReport { entry: entry.clone(), attributes });
+        entries.push(EntryReport {
+            entry: entry.clone(),
+            attributes,
+        });
         functions.insert(entry.clone(), f);
     }
     let report = ModuleReport {

@@ -19,9 +19,14 @@ pub mod verify;
 
 pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
-pub use load::{check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels, ModuleReport};
+pub use load::{
+    check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels,
+    ModuleReport,
+};
 pub use plan::{plan, Plan};
 pub use policy::{Policy, POLICY_ENV};
-pub use select::{select_image, DeviceSpec, ImageCandidate, NoImageError, Reason, Selection, Version};
+pub use select::{
+    select_image, DeviceSpec, ImageCandidate, NoImageError, Reason, Selection, Version,
+};
 pub use source::{ImageBytes, ImageSource, ModuleSource};
 pub use verify::{verify_image, HashMismatch};

@@ -51,7 +51,11 @@ pub struct Plan {
 }
 
 /// Selection for one module, as `select_image` decides it.
-pub fn select_for_module(device: &DeviceSpec, policy: Policy, module: &ModuleSource) -> Result<Selection, NoImageError> {
+pub fn select_for_module(
+    device: &DeviceSpec,
+    policy: Policy,
+    module: &ModuleSource,
+) -> Result<Selection, NoImageError> {
     select_image(device, policy, &module.candidates())
 }
 
@@ -82,10 +86,21 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                 ),
                 Err(e) => (None, Some(e.to_string())),
             };
-            ModulePlan { module: m.name.clone(), entries: m.entries.clone(), images, choice, error }
+            ModulePlan {
+                module: m.name.clone(),
+                entries: m.entries.clone(),
+                images,
+                choice,
+                error,
+            }
         })
         .collect();
-    Plan { device, simulated, policy, modules }
+    Plan {
+        device,
+        simulated,
+        policy,
+        modules,
+    }
 }
 
 impl Plan {
@@ -95,20 +110,40 @@ impl Plan {
 
     /// The chosen target of `module`, if it has one.
     pub fn chosen(&self, module: &str) -> Option<Target> {
-        self.modules.iter().find(|m| m.module == module)?.choice.as_ref().map(|c| c.target)
+        self.modules
+            .iter()
+            .find(|m| m.module == module)?
+            .choice
+            .as_ref()
+            .map(|c| c.target)
     }
 
     /// A fixed-width table: one row per module.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
-        let source = if self.simulated { "simulated" } else { "this machine" };
-        let _ = writeln!(out, "dispatch plan for {} [{source}], policy {}", self.device, self.policy);
+        let source = if self.simulated {
+            "simulated"
+        } else {
+            "this machine"
+        };
+        let _ = writeln!(
+            out,
+            "dispatch plan for {} [{source}], policy {}",
+            self.device, self.policy
+        );
         let _ = writeln!(out, "{:<12} {:<12} {:<5} why", "module", "image", "jit");
         for m in &self.modules {
             match (&m.choice, &m.error) {
                 (Some(c), _) => {
                     let jit = if c.jit { "yes" } else { "no" };
-                    let _ = writeln!(out, "{:<12} {:<12} {:<5} {}", m.module, c.target.to_string(), jit, c.why);
+                    let _ = writeln!(
+                        out,
+                        "{:<12} {:<12} {:<5} {}",
+                        m.module,
+                        c.target.to_string(),
+                        jit,
+                        c.why
+                    );
                 }
                 (None, Some(e)) => {
                     let _ = writeln!(out, "{:<12} {:<12} {:<5} ERROR: {e}", m.module, "-", "-");

@@ -79,6 +79,9 @@ mod tests {
 
     #[test]
     fn serializes_as_the_cli_spelling() {
-        assert_eq!(serde_json::to_string(&Policy::SassOnly).unwrap(), "\"sass-only\"");
+        assert_eq!(
+            serde_json::to_string(&Policy::SassOnly).unwrap(),
+            "\"sass-only\""
+        );
     }
 }

@@ -27,7 +27,10 @@ impl Version {
     /// `cuDriverGetVersion` reports 13000 for 13.0 and 12080 for 12.8.
     pub const fn from_driver_int(v: i32) -> Self {
         let v = if v < 0 { 0 } else { v as u32 };
-        Version { major: v / 1000, minor: (v % 1000) / 10 }
+        Version {
+            major: v / 1000,
+            minor: (v % 1000) / 10,
+        }
     }
 
     /// The SM number nvcc uses for this capability: 11.0 -> 110, 8.7 -> 87.
@@ -66,12 +69,16 @@ impl FromStr for Version {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseVersionError(s.to_string());
         let (major, minor) = s.split_once('.').ok_or_else(err)?;
-        let digits = |p: &str| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit());
+        let digits =
+            |p: &str| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit());
         // Capabilities and driver minors are single digits (12.8, 8.7); `12.10` would be ambiguous.
         if !digits(major) || minor.len() != 1 || !digits(minor) {
             return Err(err());
         }
-        Ok(Version { major: major.parse().map_err(|_| err())?, minor: minor.parse().map_err(|_| err())? })
+        Ok(Version {
+            major: major.parse().map_err(|_| err())?,
+            minor: minor.parse().map_err(|_| err())?,
+        })
     }
 }
 
@@ -87,8 +94,16 @@ pub struct DeviceSpec {
 
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = if self.integrated { "integrated" } else { "discrete" };
-        write!(f, "compute capability {} ({kind}), driver CUDA {}", self.capability, self.driver)
+        let kind = if self.integrated {
+            "integrated"
+        } else {
+            "discrete"
+        };
+        write!(
+            f,
+            "compute capability {} ({kind}), driver CUDA {}",
+            self.capability, self.driver
+        )
     }
 }
 
@@ -120,10 +135,31 @@ pub fn min_driver_for_ptx_isa(isa: (u32, u32)) -> Option<Version> {
 /// The newest PTX ISA a driver accepts, by the same table.
 pub fn max_ptx_isa_for_driver(driver: Version) -> Option<(u32, u32)> {
     const KNOWN: &[(u32, u32)] = &[
-        (9, 1), (9, 0), (8, 8), (8, 7), (8, 6), (8, 5), (8, 4), (8, 3), (8, 2), (8, 1), (8, 0),
-        (7, 8), (7, 7), (7, 6), (7, 5), (7, 4), (7, 3), (7, 2), (7, 1), (7, 0),
+        (9, 1),
+        (9, 0),
+        (8, 8),
+        (8, 7),
+        (8, 6),
+        (8, 5),
+        (8, 4),
+        (8, 3),
+        (8, 2),
+        (8, 1),
+        (8, 0),
+        (7, 8),
+        (7, 7),
+        (7, 6),
+        (7, 5),
+        (7, 4),
+        (7, 3),
+        (7, 2),
+        (7, 1),
+        (7, 0),
     ];
-    KNOWN.iter().copied().find(|&isa| min_driver_for_ptx_isa(isa).is_some_and(|d| d <= driver))
+    KNOWN
+        .iter()
+        .copied()
+        .find(|&isa| min_driver_for_ptx_isa(isa).is_some_and(|d| d <= driver))
 }
 
 /// Why an image was chosen.
@@ -135,7 +171,11 @@ pub enum Reason {
     /// SASS of the same major and a lower minor (desktop GPUs only).
     CompatibleSass,
     /// PTX the driver compiles at load; `forced` when the policy was `ptx-only`.
-    PtxJit { isa: (u32, u32), min_driver: Version, forced: bool },
+    PtxJit {
+        isa: (u32, u32),
+        min_driver: Version,
+        forced: bool,
+    },
 }
 
 impl fmt::Display for Reason {
@@ -143,9 +183,21 @@ impl fmt::Display for Reason {
         match self {
             Reason::ExactSass => write!(f, "exact SASS"),
             Reason::CompatibleSass => write!(f, "compatible SASS (same major, lower minor)"),
-            Reason::PtxJit { isa, min_driver, forced } => {
-                let why = if *forced { "forced by policy ptx-only" } else { "no SASS fits" };
-                write!(f, "PTX JIT ({why}; ISA {}.{} needs driver >= {min_driver})", isa.0, isa.1)
+            Reason::PtxJit {
+                isa,
+                min_driver,
+                forced,
+            } => {
+                let why = if *forced {
+                    "forced by policy ptx-only"
+                } else {
+                    "no SASS fits"
+                };
+                write!(
+                    f,
+                    "PTX JIT ({why}; ISA {}.{} needs driver >= {min_driver})",
+                    isa.0, isa.1
+                )
             }
         }
     }
@@ -234,9 +286,19 @@ pub fn select_image(
             .iter()
             .enumerate()
             .filter_map(|(i, c)| sass_fit(c.target, device).map(|r| (i, c, r)))
-            .max_by_key(|(_, c, r)| (*r == Reason::ExactSass, c.target.sm, variant_rank(c.target.variant)));
+            .max_by_key(|(_, c, r)| {
+                (
+                    *r == Reason::ExactSass,
+                    c.target.sm,
+                    variant_rank(c.target.variant),
+                )
+            });
         if let Some((index, c, reason)) = best_sass {
-            return Ok(Selection { index, target: c.target, reason });
+            return Ok(Selection {
+                index,
+                target: c.target,
+                reason,
+            });
         }
     }
 
@@ -248,11 +310,17 @@ pub fn select_image(
                 continue;
             }
             let Some(isa) = c.ptx_version else {
-                refused_ptx.push(format!("{} has no recorded .version, so its driver needs are unknown", c.target));
+                refused_ptx.push(format!(
+                    "{} has no recorded .version, so its driver needs are unknown",
+                    c.target
+                ));
                 continue;
             };
             let Some(min_driver) = min_driver_for_ptx_isa(isa) else {
-                refused_ptx.push(format!("{} has PTX ISA {}.{}, which this dispatcher does not know", c.target, isa.0, isa.1));
+                refused_ptx.push(format!(
+                    "{} has PTX ISA {}.{}, which this dispatcher does not know",
+                    c.target, isa.0, isa.1
+                ));
                 continue;
             };
             if min_driver > device.driver {
@@ -273,7 +341,15 @@ pub fn select_image(
         }
         if let Some((index, c, isa, min_driver)) = best {
             let forced = policy == Policy::PtxOnly;
-            return Ok(Selection { index, target: c.target, reason: Reason::PtxJit { isa, min_driver, forced } });
+            return Ok(Selection {
+                index,
+                target: c.target,
+                reason: Reason::PtxJit {
+                    isa,
+                    min_driver,
+                    forced,
+                },
+            });
         }
     }
 
@@ -284,14 +360,25 @@ pub fn select_image(
     };
     let cap = device.capability;
     let sass_need = if device.integrated {
-        format!("SASS for exactly sm_{} (integrated GPUs take no other minor)", cap.sm())
+        format!(
+            "SASS for exactly sm_{} (integrated GPUs take no other minor)",
+            cap.sm()
+        )
     } else if cap.minor == 0 {
         format!("SASS sm_{}", cap.sm())
     } else {
-        format!("SASS sm_{} (or a baseline sm_{}X with X < {})", cap.sm(), cap.major, cap.minor)
+        format!(
+            "SASS sm_{} (or a baseline sm_{}X with X < {})",
+            cap.sm(),
+            cap.major,
+            cap.minor
+        )
     };
     let isa_need = match max_ptx_isa_for_driver(device.driver) {
-        Some((a, b)) => format!("PTX compute_XY with XY <= {} and .version <= {a}.{b}", cap.sm()),
+        Some((a, b)) => format!(
+            "PTX compute_XY with XY <= {} and .version <= {a}.{b}",
+            cap.sm()
+        ),
         None => format!("a driver newer than {} for any PTX", device.driver),
     };
     let mut needed = match policy {
@@ -302,5 +389,10 @@ pub fn select_image(
     if !refused_ptx.is_empty() {
         needed.push_str(&format!("; refused: {}", refused_ptx.join("; ")));
     }
-    Err(NoImageError { device: *device, policy, present, needed })
+    Err(NoImageError {
+        device: *device,
+        policy,
+        present,
+        needed,
+    })
 }

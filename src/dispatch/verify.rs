@@ -42,14 +42,27 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Hash `bytes` and compare with `expected` (hex, case-insensitive); every call hashes.
-pub fn verify_image(module: &str, target: Target, bytes: &[u8], expected: &str) -> Result<HashCheck, HashMismatch> {
+pub fn verify_image(
+    module: &str,
+    target: Target,
+    bytes: &[u8],
+    expected: &str,
+) -> Result<HashCheck, HashMismatch> {
     let start = Instant::now();
     let actual = sha256_hex(bytes);
     let micros = start.elapsed().as_micros() as u64;
     if actual.eq_ignore_ascii_case(expected.trim()) {
-        Ok(HashCheck { micros, cached: false })
+        Ok(HashCheck {
+            micros,
+            cached: false,
+        })
     } else {
-        Err(HashMismatch { module: module.to_string(), target, expected: expected.to_string(), actual })
+        Err(HashMismatch {
+            module: module.to_string(),
+            target,
+            expected: expected.to_string(),
+            actual,
+        })
     }
 }
 
@@ -63,14 +76,28 @@ pub fn verify_static_image(
 ) -> Result<HashCheck, HashMismatch> {
     type Key = (usize, usize, String);
     static VERIFIED: OnceLock<Mutex<HashMap<Key, ()>>> = OnceLock::new();
-    let key: Key = (bytes.as_ptr() as usize, bytes.len(), expected.to_ascii_lowercase());
+    let key: Key = (
+        bytes.as_ptr() as usize,
+        bytes.len(),
+        expected.to_ascii_lowercase(),
+    );
     let cache = VERIFIED.get_or_init(Default::default);
     // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-    if cache.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&key) {
-        return Ok(HashCheck { micros: 0, cached: true });
+    if cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains_key(&key)
+    {
+        return Ok(HashCheck {
+            micros: 0,
+            cached: true,
+        });
     }
     let check = verify_image(module, target, bytes, expected)?;
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, ());
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, ());
     Ok(check)
 }
 
@@ -89,7 +116,10 @@ mod tests {
         let err = verify_image("rmsnorm", t, b"abd", ABC).unwrap_err();
         assert_eq!((err.module.as_str(), err.target), ("rmsnorm", t));
         let msg = err.to_string();
-        assert!(msg.contains("sm_90") && msg.contains("rmsnorm") && msg.contains("refusing"), "{msg}");
+        assert!(
+            msg.contains("sm_90") && msg.contains("rmsnorm") && msg.contains("refusing"),
+            "{msg}"
+        );
     }
 
     #[test]

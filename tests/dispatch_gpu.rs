@@ -1,0 +1,288 @@
+//! Dispatcher tests on a real GPU (written for the H200: capability 9.0, driver CUDA 13.0).
+//!
+//! Every test is `#[ignore]`d, so a plain `cargo test` lists them as ignored, never as passed.
+//! Run with `--include-ignored`: without a CUDA driver or device each then prints
+//! `SKIPPED: no CUDA device` and returns (libtest says `ok`: do not count those as passes), and
+//! with `AOT_REQUIRE_GPU=1` (the GPU bundle's run.sh sets it) a missing device is a failure.
+//! Run: `cargo test --release --test dispatch_gpu -- --include-ignored --test-threads=1 --nocapture`, or on a
+//! machine without Rust, `bash scripts/gpu-bundle.sh` here and `bash .gpu-bundle/run.sh` there.
+
+use aot_kernels::dispatch::driver::{load_image, open_device, OpenDevice};
+use aot_kernels::dispatch::source::parse_ptx_version;
+use aot_kernels::dispatch::verify::sha256_hex;
+use aot_kernels::dispatch::{
+    load_all, load_modules, translate, DispatchError, ImageBytes, ImageSource, LoadReport,
+    ModuleSource, Policy, Reason,
+};
+use aot_kernels::registry;
+use cudarc::driver::sys::CUresult;
+use fatbin_verify::Target;
+
+/// The device, or `None` after printing a visible skip (a failure under `AOT_REQUIRE_GPU=1`).
+fn gpu(test: &str) -> Option<OpenDevice> {
+    match open_device(0) {
+        Ok(d) => {
+            eprintln!("[{test}] device 0 \"{}\": {}", d.name, d.spec);
+            Some(d)
+        }
+        Err(e) => {
+            if std::env::var("AOT_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("AOT_REQUIRE_GPU=1 but no usable CUDA device: {e}");
+            }
+            eprintln!("SKIPPED: no CUDA device: {test} did not run ({e})");
+            None
+        }
+    }
+}
+
+fn exact_sass(d: &OpenDevice) -> Target {
+    Target::sass(d.spec.capability.sm())
+}
+
+fn print(report: &LoadReport) {
+    eprintln!("{}", report.to_table());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_auto_loads_exact_sass_for_every_module() {
+    let Some(d) = gpu("gpu_auto_loads_exact_sass_for_every_module") else {
+        return;
+    };
+    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    print(k.report());
+    let want = exact_sass(&d);
+    let sm = d.spec.capability.sm() as i32;
+    assert_eq!(k.report().modules.len(), registry::modules().len());
+    for m in &k.report().modules {
+        assert_eq!(m.target, want, "{}", m.module);
+        assert_eq!(
+            (m.reason, m.jit),
+            (Reason::ExactSass, false),
+            "{}",
+            m.module
+        );
+        for e in &m.entries {
+            // The driver's own view: the SASS that runs is this GPU's.
+            assert_eq!(e.attributes.binary_version, sm, "{}::{}", m.module, e.entry);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_ptx_only_jits_compute_80_for_every_module() {
+    let Some(d) = gpu("gpu_ptx_only_jits_compute_80_for_every_module") else {
+        return;
+    };
+    let k = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    print(k.report());
+    let sm = d.spec.capability.sm() as i32;
+    for m in &k.report().modules {
+        assert_eq!(m.target, Target::ptx(80), "{}", m.module);
+        assert!(
+            m.jit && matches!(m.reason, Reason::PtxJit { forced: true, .. }),
+            "{}",
+            m.module
+        );
+        for e in &m.entries {
+            // JIT-compiled from compute_80 into this GPU's SASS.
+            assert_eq!(
+                (e.attributes.ptx_version, e.attributes.binary_version),
+                (80, sm),
+                "{}::{}",
+                m.module,
+                e.entry
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
+    let Some(d) = gpu("gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself") else {
+        return;
+    };
+    let major = d.spec.capability.major;
+    // As a build without any SASS of this major (for the H200: without sm_90) would carry.
+    let modules: Vec<_> = ModuleSource::registry()
+        .into_iter()
+        .map(|m| m.retain_images(|i| i.target.virtual_arch || i.target.capability().0 != major))
+        .collect();
+    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+    print(k.report());
+    for m in &k.report().modules {
+        assert_eq!(m.target, Target::ptx(80), "{}", m.module);
+        assert!(
+            matches!(m.reason, Reason::PtxJit { forced: false, .. }),
+            "{}",
+            m.module
+        );
+        assert!(m.entries.iter().all(|e| e.attributes.ptx_version == 80));
+    }
+    // sass-only refuses the same registry instead of JIT-compiling.
+    let err = load_modules(&d, 0, Policy::SassOnly, &modules).unwrap_err();
+    assert!(matches!(err, DispatchError::NoImage { .. }), "{err}");
+    eprintln!("sass-only on that registry: {err}");
+}
+
+/// The real compute_80 PTX of `module` with `.version 9.0` rewritten to `new`. The record is made
+/// honest for the new bytes (sha256 over them, ISA as the text now says), as a build with a newer
+/// toolkit would record it, so the hash check passes and only the ISA check can refuse it.
+fn ptx_with_version(module: &str, new: &str) -> (ModuleSource, Vec<u8>) {
+    let mut m = ModuleSource::from_record(registry::module(module).unwrap());
+    let img = m
+        .images
+        .iter_mut()
+        .find(|i| i.target == Target::ptx(80))
+        .unwrap();
+    let text = std::str::from_utf8(img.bytes.as_slice())
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains(".version 9.0"),
+        "the PTX fallback was expected to come from nvcc 13.0"
+    );
+    let bytes = text
+        .replacen(".version 9.0", &format!(".version {new}"), 1)
+        .into_bytes();
+    *img = ImageSource {
+        target: Target::ptx(80),
+        sha256: sha256_hex(&bytes),
+        ptx_version: parse_ptx_version(&bytes),
+        bytes: ImageBytes::Owned(bytes.clone()),
+    };
+    (m, bytes)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver() {
+    let Some(d) = gpu("gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver")
+    else {
+        return;
+    };
+    // One ISA past what this driver knows (9.1 on the H200's 13.0 driver), and one past any we know.
+    let next = match aot_kernels::dispatch::select::max_ptx_isa_for_driver(d.spec.driver) {
+        Some((9, 0)) => "9.1",
+        _ => "9.9",
+    };
+    for isa in [next, "9.9"] {
+        let (m, bytes) = ptx_with_version("activation", isa);
+        // Our check: refused before any driver call.
+        let err = load_modules(&d, 0, Policy::PtxOnly, std::slice::from_ref(&m)).unwrap_err();
+        assert!(matches!(err, DispatchError::NoImage { .. }), "{err}");
+        eprintln!("ISA {isa}, our check: {err}");
+        // The driver, handed the same bytes directly.
+        let raw = load_image(&d.ctx, &bytes, true)
+            .expect_err("the driver accepted PTX newer than it knows");
+        let failure = translate(raw);
+        eprintln!("ISA {isa}, the driver: {failure}");
+        if isa == next {
+            assert_eq!(
+                raw.0,
+                CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+                "{failure}"
+            );
+            assert!(
+                failure.fix.contains("update the NVIDIA driver"),
+                "{failure}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_tampered_image_is_refused_before_loading() {
+    let Some(d) = gpu("gpu_tampered_image_is_refused_before_loading") else {
+        return;
+    };
+    let want = exact_sass(&d);
+    let mut m = ModuleSource::from_record(registry::module("rmsnorm").unwrap());
+    let img = m.images.iter_mut().find(|i| i.target == want).unwrap();
+    let mut bytes = img.bytes.as_slice().to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x80;
+    img.bytes = ImageBytes::Owned(bytes);
+    match load_modules(&d, 0, Policy::Auto, &[m]) {
+        Err(DispatchError::Tampered(e)) => {
+            assert_eq!((e.module.as_str(), e.target), ("rmsnorm", want));
+            eprintln!("{e}");
+        }
+        other => panic!("expected a hash refusal, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu() {
+    let Some(d) = gpu("gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu") else {
+        return;
+    };
+    let rec = registry::module("rotary").unwrap();
+    let other = rec
+        .images
+        .iter()
+        .find(|i| !i.target.virtual_arch && i.target.capability().0 != d.spec.capability.major);
+    let Some(other) = other else {
+        eprintln!("SKIPPED: the registry has no cubin of another major");
+        return;
+    };
+    // Straight to the driver, bypassing selection, to see its error and our translation.
+    let err =
+        load_image(&d.ctx, other.bytes(), false).expect_err("a cubin of another major loaded");
+    let failure = translate(err);
+    eprintln!("{} on {}: {failure}", other.target, d.spec);
+    assert_eq!(err.0, CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU);
+    assert_eq!(failure.code, "CUDA_ERROR_NO_BINARY_FOR_GPU");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_functions_are_handed_out_by_module_and_entry() {
+    let Some(_d) = gpu("gpu_functions_are_handed_out_by_module_and_entry") else {
+        return;
+    };
+    let k = load_all(Policy::Auto).unwrap();
+    for m in registry::modules() {
+        for e in m.entries {
+            let f = k.function(m.name, e).unwrap();
+            assert!(f.num_regs().unwrap() > 0, "{}::{e}", m.name);
+        }
+    }
+    let err = k.function("rmsnorm", "no_such_entry").unwrap_err();
+    assert!(err.to_string().contains("rmsnorm_bf16"), "{err}");
+    let err = k.function("no_such_module", "x").unwrap_err();
+    assert!(err.to_string().contains("activation"), "{err}");
+    assert_eq!(k.device().capability, k.report().device.capability);
+    assert!(k.stream().context() == k.context());
+    // Second load in this process: registry hashes come from the cache.
+    let again = load_all(Policy::Auto).unwrap();
+    assert!(again
+        .report()
+        .modules
+        .iter()
+        .all(|m| m.hash_cached && m.hash_us == 0));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_load_times_sass_and_jit() {
+    let Some(d) = gpu("gpu_load_times_sass_and_jit") else {
+        return;
+    };
+    // Measures, does not assert. The JIT figure is cold only if nothing in this process or the
+    // driver's cache (CUDA_CACHE_PATH) compiled these PTX images before: run.sh measures the
+    // cold figure separately with CUDA_CACHE_DISABLE=1.
+    let sass = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let ptx = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    eprintln!(
+        "MEASURED: SASS load of {} modules {} us; PTX load (JIT, cache state unknown) {} us; hash {} us",
+        sass.report().modules.len(),
+        sass.report().total_load_us(),
+        ptx.report().total_load_us(),
+        sass.report().total_hash_us() + ptx.report().total_hash_us()
+    );
+}
