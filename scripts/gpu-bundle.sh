@@ -62,14 +62,14 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/
 for t in tests/*; do
     name=$(basename "$t")
     echo; echo "== test binary $name"
-    "./$t" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "results/$name.log"
+    "./$t" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "results/test-$name.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
 # Totals over every "test result:" line; a SKIPPED line would mean a test did not really run.
-read -r passed failed ignored < <(cat results/*.log | awk '/^test result:/ {
+read -r passed failed ignored < <(cat results/test-*.log | awk '/^test result:/ {
     for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i }
 } END { print p + 0, f + 0, g + 0 }')
-skipped=$(cat results/*.log | grep -c '^SKIPPED' || true)
+skipped=$(cat results/test-*.log | grep -c '^SKIPPED' || true)
 
 echo; echo "== qwen-decode kernels (this machine, policy auto: SASS load times)"
 ./qwen-decode kernels || status=1
