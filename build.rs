@@ -8,7 +8,9 @@ mod aot_build;
 use std::path::PathBuf;
 
 fn main() {
-    let crate_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let crate_dir = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for knob in aot_build::ENV_KNOBS {
         println!("cargo:rerun-if-env-changed={knob}");
@@ -21,7 +23,10 @@ fn main() {
         // Rerun on the manifest, lock and kernel sources even if the build fails part-way.
         println!("cargo:rerun-if-changed={}", config.manifest_path.display());
         println!("cargo:rerun-if-changed={}", config.lock_path.display());
-        println!("cargo:rerun-if-changed={}", config.project_root.join("kernels").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            config.project_root.join("kernels").display()
+        );
         aot_build::run(&config, &env, &log)
     });
     match result {
@@ -39,7 +44,10 @@ fn main() {
             if let aot_build::LockStatus::NotApplicable { .. } = out.lock_status {
                 println!("cargo:warning=aot-kernels: lock {}", out.lock_status);
             }
-            println!("cargo:rustc-env=AOT_REGISTRY_RS={}", out.registry_rs.display());
+            println!(
+                "cargo:rustc-env=AOT_REGISTRY_RS={}",
+                out.registry_rs.display()
+            );
         }
         Err(e) => {
             eprintln!("\nerror: aot-kernels kernel build failed\n{e}\n");

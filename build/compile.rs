@@ -79,11 +79,19 @@ fn include_dir(config: &Config) -> PathBuf {
 /// Headers a kernel may include: the shared include folder and headers beside the source.
 fn header_files(config: &Config, source: &Path) -> Result<Vec<PathBuf>, BuildError> {
     let mut headers = Vec::new();
-    for dir in [include_dir(config), source.parent().map(Path::to_path_buf).unwrap_or_default()] {
-        let Ok(read) = std::fs::read_dir(&dir) else { continue };
+    for dir in [
+        include_dir(config),
+        source.parent().map(Path::to_path_buf).unwrap_or_default(),
+    ] {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in read {
             let path = entry.map_err(io_err(&dir))?.path();
-            let is_header = matches!(path.extension().and_then(|e| e.to_str()), Some("cuh" | "h" | "hpp"));
+            let is_header = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("cuh" | "h" | "hpp")
+            );
             if is_header && path.is_file() {
                 headers.push(path);
             }
@@ -112,7 +120,11 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Targets this build makes for a module: the manifest's list cut by `AOT_TARGETS`, plus the PTX.
-pub fn module_targets(manifest: &Manifest, module: &fatbin_verify::manifest::Module, config: &Config) -> Vec<Target> {
+pub fn module_targets(
+    manifest: &Manifest,
+    module: &fatbin_verify::manifest::Module,
+    config: &Config,
+) -> Vec<Target> {
     manifest
         .module_targets(module)
         .into_iter()
@@ -120,7 +132,11 @@ pub fn module_targets(manifest: &Manifest, module: &fatbin_verify::manifest::Mod
         .collect()
 }
 
-pub fn plan(manifest: &Manifest, config: &Config, toolchain: &Toolchain) -> Result<(Plan, Vec<String>), BuildError> {
+pub fn plan(
+    manifest: &Manifest,
+    config: &Config,
+    toolchain: &Toolchain,
+) -> Result<(Plan, Vec<String>), BuildError> {
     let mut modules = Vec::new();
     let mut source_hashes = Vec::new();
     let mut inputs = vec![config.project_root.join("kernels")];
@@ -134,18 +150,37 @@ pub fn plan(manifest: &Manifest, config: &Config, toolchain: &Toolchain) -> Resu
         let mut jobs = Vec::new();
         for target in module_targets(manifest, module, config) {
             let mut key = Sha256::new();
-            for part in [CACHE_VERSION, &toolchain.version, &target.to_string(), &source_sha256] {
+            for part in [
+                CACHE_VERSION,
+                &toolchain.version,
+                &target.to_string(),
+                &source_sha256,
+            ] {
                 key.update(part.as_bytes());
                 key.update([0]);
             }
-            for flag in COMMON_FLAGS.iter().copied().chain(module.flags.iter().map(String::as_str)) {
+            for flag in COMMON_FLAGS
+                .iter()
+                .copied()
+                .chain(module.flags.iter().map(String::as_str))
+            {
                 key.update(flag.as_bytes());
                 key.update([0]);
             }
             let key = hex(&key.finalize());
             let ext = if target.virtual_arch { "ptx" } else { "cubin" };
-            let output = config.out_dir.join("cache").join(&module.name).join(format!("{target}-{}.{ext}", &key[..16]));
-            jobs.push(Job { module: module.name.clone(), target, source: source.clone(), flags: module.flags.clone(), output });
+            let output = config
+                .out_dir
+                .join("cache")
+                .join(&module.name)
+                .join(format!("{target}-{}.{ext}", &key[..16]));
+            jobs.push(Job {
+                module: module.name.clone(),
+                target,
+                source: source.clone(),
+                flags: module.flags.clone(),
+                output,
+            });
         }
         source_hashes.push(source_sha256);
         modules.push((module.name.clone(), jobs));
@@ -164,7 +199,8 @@ pub fn compile_all(
 ) -> Result<Vec<Compiled>, BuildError> {
     let jobs: Vec<&Job> = plan.modules.iter().flat_map(|(_, jobs)| jobs).collect();
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Compiled, BuildError>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<Result<Compiled, BuildError>>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
     let workers = config.jobs.clamp(1, jobs.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
@@ -182,20 +218,38 @@ pub fn compile_all(
     // Report the first failure in manifest order, so the error does not depend on thread timing.
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(BuildError::Config("a compile worker stopped early".into()))))
+        .map(|r| {
+            r.unwrap_or_else(|| Err(BuildError::Config("a compile worker stopped early".into())))
+        })
         .collect()
 }
 
-fn compile_one(job: &Job, toolchain: &Toolchain, config: &Config, log: &(dyn Fn(&str) + Sync)) -> Result<Compiled, BuildError> {
-    let done = |from_cache| Compiled { module: job.module.clone(), target: job.target, path: job.output.clone(), from_cache };
+fn compile_one(
+    job: &Job,
+    toolchain: &Toolchain,
+    config: &Config,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<Compiled, BuildError> {
+    let done = |from_cache| Compiled {
+        module: job.module.clone(),
+        target: job.target,
+        path: job.output.clone(),
+        from_cache,
+    };
     if job.output.is_file() {
         return Ok(done(true));
     }
     let dir = job.output.parent().unwrap_or(&config.out_dir);
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let tmp = job.output.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = job
+        .output
+        .with_extension(format!("tmp{}", std::process::id()));
     let started = Instant::now();
-    let mode = if job.target.virtual_arch { "-ptx" } else { "-cubin" };
+    let mode = if job.target.virtual_arch {
+        "-ptx"
+    } else {
+        "-cubin"
+    };
     let output = Command::new(toolchain.nvcc())
         .arg(mode)
         .arg(format!("-arch={}", job.target))
@@ -207,7 +261,9 @@ fn compile_one(job: &Job, toolchain: &Toolchain, config: &Config, log: &(dyn Fn(
         .arg(&tmp)
         .arg(&job.source)
         .output()
-        .map_err(|e| BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.nvcc().display())))?;
+        .map_err(|e| {
+            BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.nvcc().display()))
+        })?;
     if !output.status.success() {
         let _ = std::fs::remove_file(&tmp);
         let mut stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
@@ -217,21 +273,34 @@ fn compile_one(job: &Job, toolchain: &Toolchain, config: &Config, log: &(dyn Fn(
         return Err(BuildError::Compile {
             module: job.module.clone(),
             target: job.target,
-            source_path: job.source.strip_prefix(&config.project_root).unwrap_or(&job.source).to_path_buf(),
+            source_path: job
+                .source
+                .strip_prefix(&config.project_root)
+                .unwrap_or(&job.source)
+                .to_path_buf(),
             stderr,
         });
     }
     std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
     prune_stale(job);
-    log(&format!("compiled {} {} in {:.2} s", job.module, job.target, started.elapsed().as_secs_f64()));
+    log(&format!(
+        "compiled {} {} in {:.2} s",
+        job.module,
+        job.target,
+        started.elapsed().as_secs_f64()
+    ));
     Ok(done(false))
 }
 
 /// Removes this (module, target)'s cache entries made from older inputs, so the cache stays one file per image.
 fn prune_stale(job: &Job) {
-    let (Some(dir), Some(current)) = (job.output.parent(), job.output.file_name()) else { return };
+    let (Some(dir), Some(current)) = (job.output.parent(), job.output.file_name()) else {
+        return;
+    };
     let prefix = format!("{}-", job.target);
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         if name != current && name.to_string_lossy().starts_with(&prefix) {
@@ -251,18 +320,37 @@ pub fn assemble_and_read_back(
     source_hashes: &[String],
 ) -> Result<Vec<BuiltModule>, BuildError> {
     let mut modules = Vec::new();
-    for (((name, jobs), module), source_sha256) in plan.modules.iter().zip(&manifest.modules).zip(source_hashes) {
+    for (((name, jobs), module), source_sha256) in plan
+        .modules
+        .iter()
+        .zip(&manifest.modules)
+        .zip(source_hashes)
+    {
         let images: Vec<&Compiled> = compiled.iter().filter(|c| &c.module == name).collect();
         let fatbin = config.out_dir.join(format!("{name}.fatbin"));
         let mut cmd = Command::new(toolchain.fatbinary());
-        cmd.arg("--64").arg("--compress=false").arg(format!("--create={}", fatbin.display()));
+        cmd.arg("--64")
+            .arg("--compress=false")
+            .arg(format!("--create={}", fatbin.display()));
         for image in &images {
-            let kind = if image.target.virtual_arch { "ptx" } else { "elf" };
+            let kind = if image.target.virtual_arch {
+                "ptx"
+            } else {
+                "elf"
+            };
             let sm = image.target.to_string();
             let sm = sm.trim_start_matches("sm_").trim_start_matches("compute_");
-            cmd.arg(format!("--image3=kind={kind},sm={sm},file={}", image.path.display()));
+            cmd.arg(format!(
+                "--image3=kind={kind},sm={sm},file={}",
+                image.path.display()
+            ));
         }
-        let out = cmd.output().map_err(|e| BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.fatbinary().display())))?;
+        let out = cmd.output().map_err(|e| {
+            BuildError::Toolchain(format!(
+                "cannot run {}: {e}",
+                toolchain.fatbinary().display()
+            ))
+        })?;
         if !out.status.success() {
             return Err(BuildError::Readback {
                 module: name.clone(),
@@ -271,8 +359,13 @@ pub fn assemble_and_read_back(
             });
         }
         let bytes = std::fs::read(&fatbin).map_err(io_err(&fatbin))?;
-        let readback = |what: String, message: String| BuildError::Readback { module: name.clone(), what, message };
-        let listed = fatbin_verify::list_images(&bytes).map_err(|e| readback(fatbin.display().to_string(), e.to_string()))?;
+        let readback = |what: String, message: String| BuildError::Readback {
+            module: name.clone(),
+            what,
+            message,
+        };
+        let listed = fatbin_verify::list_images(&bytes)
+            .map_err(|e| readback(fatbin.display().to_string(), e.to_string()))?;
         if listed.len() != jobs.len() {
             return Err(readback(
                 fatbin.display().to_string(),
@@ -286,20 +379,31 @@ pub fn assemble_and_read_back(
             let info = listed
                 .iter()
                 .find(|i| i.target == Some(job.target))
-                .ok_or_else(|| readback(what.clone(), format!("no {} image in the fatbin", job.target)))?;
+                .ok_or_else(|| {
+                    readback(
+                        what.clone(),
+                        format!("no {} image in the fatbin", job.target),
+                    )
+                })?;
             let (format, want_kind) = if job.target.virtual_arch {
                 (ImageFormat::Ptx, ImageKind::Ptx)
             } else {
                 (ImageFormat::Cubin, ImageKind::Elf)
             };
             if info.kind != want_kind {
-                return Err(readback(what, format!("kind {:?} where {want_kind:?} was expected", info.kind)));
+                return Err(readback(
+                    what,
+                    format!("kind {:?} where {want_kind:?} was expected", info.kind),
+                ));
             }
             if format == ImageFormat::Cubin {
                 // The fatbin must carry exactly the cubin ptxas wrote.
                 let file = std::fs::read(&image.path).map_err(io_err(&image.path))?;
                 if hex(&Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
-                    return Err(readback(what, "the cubin in the fatbin differs from the file ptxas wrote".into()));
+                    return Err(readback(
+                        what,
+                        "the cubin in the fatbin differs from the file ptxas wrote".into(),
+                    ));
                 }
             }
             if format == ImageFormat::Ptx && info.ptx_version.is_none() {
@@ -312,14 +416,20 @@ pub fn assemble_and_read_back(
                         module: name.clone(),
                         target: job.target,
                         entry: entry.clone(),
-                        present: if info.kernels.is_empty() { "no kernels".into() } else { info.kernels.join(", ") },
+                        present: if info.kernels.is_empty() {
+                            "no kernels".into()
+                        } else {
+                            info.kernels.join(", ")
+                        },
                     });
                 }
             }
-            let range = info
-                .raw_range
-                .clone()
-                .ok_or_else(|| readback(what.clone(), "stored compressed; the fatbin must be uncompressed".into()))?;
+            let range = info.raw_range.clone().ok_or_else(|| {
+                readback(
+                    what.clone(),
+                    "stored compressed; the fatbin must be uncompressed".into(),
+                )
+            })?;
             built.push(BuiltImage {
                 target: job.target,
                 format,

@@ -52,8 +52,13 @@ impl Config {
         out_dir: &Path,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, BuildError> {
-        let manifest_path = env("AOT_MANIFEST").map(PathBuf::from).unwrap_or_else(|| crate_dir.join("aot-manifest.toml"));
-        let project_root = manifest_path.parent().map(Path::to_path_buf).unwrap_or_else(|| crate_dir.to_path_buf());
+        let manifest_path = env("AOT_MANIFEST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| crate_dir.join("aot-manifest.toml"));
+        let project_root = manifest_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| crate_dir.to_path_buf());
         let lock_path = manifest_path.with_extension("lock");
         let target_filter = match env("AOT_TARGETS").filter(|v| !v.trim().is_empty()) {
             None => None,
@@ -62,11 +67,23 @@ impl Config {
         let update_lock = matches!(env("AOT_UPDATE_LOCK").as_deref(), Some("1") | Some("true"));
         let jobs = match env("AOT_JOBS") {
             Some(j) => j.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
-                BuildError::Config(format!("AOT_JOBS={j} is not a positive whole number; unset it to use every core"))
+                BuildError::Config(format!(
+                    "AOT_JOBS={j} is not a positive whole number; unset it to use every core"
+                ))
             })?,
-            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            None => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
         };
-        Ok(Config { project_root, manifest_path, lock_path, out_dir: out_dir.to_path_buf(), target_filter, update_lock, jobs })
+        Ok(Config {
+            project_root,
+            manifest_path,
+            lock_path,
+            out_dir: out_dir.to_path_buf(),
+            target_filter,
+            update_lock,
+            jobs,
+        })
     }
 }
 
@@ -74,7 +91,9 @@ impl Config {
 pub fn parse_target_filter(list: &str) -> Result<Vec<Target>, BuildError> {
     let mut targets = Vec::new();
     for name in list.split([',', ' ']).filter(|s| !s.is_empty()) {
-        let t: Target = name.parse().map_err(|e| BuildError::Config(format!("AOT_TARGETS: {e}")))?;
+        let t: Target = name
+            .parse()
+            .map_err(|e| BuildError::Config(format!("AOT_TARGETS: {e}")))?;
         if t.virtual_arch {
             return Err(BuildError::Config(format!(
                 "AOT_TARGETS: `{t}` is a PTX target; list SASS targets only (the PTX fallback is always built)"
@@ -99,11 +118,15 @@ pub enum LockStatus {
 impl std::fmt::Display for LockStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LockStatus::Verified { partial: false } => f.write_str("verified: every image equals aot-manifest.lock"),
+            LockStatus::Verified { partial: false } => {
+                f.write_str("verified: every image equals aot-manifest.lock")
+            }
             LockStatus::Verified { partial: true } => {
                 f.write_str("verified (partial build): every image built equals aot-manifest.lock")
             }
-            LockStatus::Written => f.write_str("written: aot-manifest.lock rewritten from this build"),
+            LockStatus::Written => {
+                f.write_str("written: aot-manifest.lock rewritten from this build")
+            }
             LockStatus::NotApplicable { toolchain, pinned } => write!(
                 f,
                 "not applicable: built with nvcc {toolchain}, the lock is for the pinned {pinned}"
@@ -142,25 +165,61 @@ pub enum BuildError {
     #[error("CUDA toolchain: {0}")]
     Toolchain(String),
     #[error("{manifest}: {key}: nvcc {version} at {bin} cannot build `{target}`; install the pinned CUDA 13.0 compiler with `bash scripts/setup-toolchain.sh` (or point AOT_CUDA_HOME at a CUDA 13.0+ toolkit)")]
-    UnsupportedTarget { manifest: PathBuf, key: String, target: Target, version: String, bin: PathBuf },
+    UnsupportedTarget {
+        manifest: PathBuf,
+        key: String,
+        target: Target,
+        version: String,
+        bin: PathBuf,
+    },
     #[error("{manifest}: module[{index}] ({module}).source: `{}` does not exist; fix the path (relative to the manifest's folder) or add the file", path.display())]
-    MissingSource { manifest: PathBuf, index: usize, module: String, path: PathBuf },
+    MissingSource {
+        manifest: PathBuf,
+        index: usize,
+        module: String,
+        path: PathBuf,
+    },
     #[error("{manifest}: module[{index}] ({module}).kind: `triton` modules are not built yet; use kind = \"cuda\"")]
-    UnsupportedKind { manifest: PathBuf, index: usize, module: String },
+    UnsupportedKind {
+        manifest: PathBuf,
+        index: usize,
+        module: String,
+    },
     #[error("module {module}: {} failed to compile for {target}:\n{stderr}\nFix the kernel source; kernels build with warnings as errors.", source_path.display())]
-    Compile { module: String, target: Target, source_path: PathBuf, stderr: String },
+    Compile {
+        module: String,
+        target: Target,
+        source_path: PathBuf,
+        stderr: String,
+    },
     #[error("{manifest}: module {module}.entries: `{entry}` is not in the {target} image (it has: {present}); add `extern \"C\" __global__ void {entry}(...)` to the source or fix the entry list")]
-    MissingEntry { manifest: PathBuf, module: String, target: Target, entry: String, present: String },
+    MissingEntry {
+        manifest: PathBuf,
+        module: String,
+        target: Target,
+        entry: String,
+        present: String,
+    },
     #[error("module {module}: reading back {what}: {message}")]
-    Readback { module: String, what: String, message: String },
+    Readback {
+        module: String,
+        what: String,
+        message: String,
+    },
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("build configuration: {0}")]
     Config(String),
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
-    move |source| BuildError::Io { path: path.to_path_buf(), source }
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Runs the whole kernel build. `log` receives one line per step (the build script prints them).
@@ -203,7 +262,14 @@ pub fn run(
     let (plan, source_hashes) = compile::plan(&manifest, config, &toolchain)?;
     inputs.extend(plan.inputs.iter().cloned());
     let compiled = compile::compile_all(&plan, &toolchain, config, log)?;
-    let modules = compile::assemble_and_read_back(&manifest, config, &toolchain, &plan, &compiled, &source_hashes)?;
+    let modules = compile::assemble_and_read_back(
+        &manifest,
+        config,
+        &toolchain,
+        &plan,
+        &compiled,
+        &source_hashes,
+    )?;
 
     let built_lock = lock_of(&toolchain, &modules);
     let lock_status = check_lock(&manifest, config, &toolchain, &built_lock)?;
@@ -222,7 +288,11 @@ pub fn run(
     })
 }
 
-fn check_targets_supported(manifest: &Manifest, config: &Config, toolchain: &Toolchain) -> Result<(), BuildError> {
+fn check_targets_supported(
+    manifest: &Manifest,
+    config: &Config,
+    toolchain: &Toolchain,
+) -> Result<(), BuildError> {
     let unsupported = |key: String, target: Target| BuildError::UnsupportedTarget {
         manifest: config.manifest_path.clone(),
         key,
@@ -231,9 +301,18 @@ fn check_targets_supported(manifest: &Manifest, config: &Config, toolchain: &Too
         bin: toolchain.bin.clone(),
     };
     let supports = |t: &Target| toolchain.sm_list.contains(&t.sm);
-    for t in manifest.targets.sass.iter().chain(std::iter::once(&manifest.targets.ptx)) {
+    for t in manifest
+        .targets
+        .sass
+        .iter()
+        .chain(std::iter::once(&manifest.targets.ptx))
+    {
         if !supports(t) {
-            let key = if t.virtual_arch { "targets.ptx" } else { "targets.sass" };
+            let key = if t.virtual_arch {
+                "targets.ptx"
+            } else {
+                "targets.sass"
+            };
             return Err(unsupported(key.into(), *t));
         }
     }
@@ -259,14 +338,23 @@ fn lock_of(toolchain: &Toolchain, modules: &[BuiltModule]) -> Lock {
                 images: m
                     .images
                     .iter()
-                    .map(|i| LockedImage { target: i.target, sha256: i.sha256.clone(), size: i.size as u64 })
+                    .map(|i| LockedImage {
+                        target: i.target,
+                        sha256: i.sha256.clone(),
+                        size: i.size as u64,
+                    })
                     .collect(),
             })
             .collect(),
     }
 }
 
-fn check_lock(manifest: &Manifest, config: &Config, toolchain: &Toolchain, built: &Lock) -> Result<LockStatus, BuildError> {
+fn check_lock(
+    manifest: &Manifest,
+    config: &Config,
+    toolchain: &Toolchain,
+    built: &Lock,
+) -> Result<LockStatus, BuildError> {
     let pinned = toolchain.version == manifest.toolchain.nvcc_version;
     if config.update_lock {
         if !pinned {
@@ -277,7 +365,8 @@ fn check_lock(manifest: &Manifest, config: &Config, toolchain: &Toolchain, built
         }
         if config.target_filter.is_some() {
             return Err(BuildError::LockRefused(
-                "AOT_TARGETS limits this build; the lock needs every target: unset AOT_TARGETS".into(),
+                "AOT_TARGETS limits this build; the lock needs every target: unset AOT_TARGETS"
+                    .into(),
             ));
         }
         let text = built.to_toml_string();
@@ -287,7 +376,9 @@ fn check_lock(manifest: &Manifest, config: &Config, toolchain: &Toolchain, built
     let lock = match Lock::from_path(&config.lock_path) {
         Ok(lock) => lock,
         Err(LockError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Err(BuildError::LockMissing { path: config.lock_path.clone() })
+            return Err(BuildError::LockMissing {
+                path: config.lock_path.clone(),
+            })
         }
         Err(e) => return Err(e.into()),
     };
@@ -300,7 +391,10 @@ fn check_lock(manifest: &Manifest, config: &Config, toolchain: &Toolchain, built
     let partial = config.target_filter.is_some();
     let diffs = lock.diff(built, partial);
     if !diffs.is_empty() {
-        return Err(BuildError::LockMismatch { path: config.lock_path.clone(), diffs });
+        return Err(BuildError::LockMismatch {
+            path: config.lock_path.clone(),
+            diffs,
+        });
     }
     Ok(LockStatus::Verified { partial })
 }

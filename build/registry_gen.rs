@@ -14,7 +14,10 @@ fn target_expr(t: Target) -> String {
         Variant::ArchSpecific => "ArchSpecific",
         Variant::Family => "Family",
     };
-    format!("Target {{ sm: {}, variant: Variant::{variant}, virtual_arch: {} }}", t.sm, t.virtual_arch)
+    format!(
+        "Target {{ sm: {}, variant: Variant::{variant}, virtual_arch: {} }}",
+        t.sm, t.virtual_arch
+    )
 }
 
 pub fn write(
@@ -30,7 +33,11 @@ pub fn write(
         let _ = writeln!(s, "        name: {:?},", m.name);
         let _ = writeln!(s, "        entries: &{:?},", m.entries);
         let _ = writeln!(s, "        source_sha256: {:?},", m.source_sha256);
-        let _ = writeln!(s, "        fatbin: include_bytes!({:?}),", m.fatbin.display().to_string());
+        let _ = writeln!(
+            s,
+            "        fatbin: include_bytes!({:?}),",
+            m.fatbin.display().to_string()
+        );
         let _ = writeln!(s, "        images: &[");
         for i in &m.images {
             let format = match i.format {
@@ -55,7 +62,13 @@ pub fn write(
     }
     s.push_str("];\n\n");
     let filter = match &config.target_filter {
-        Some(f) => format!("Some({:?})", f.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" ")),
+        Some(f) => format!(
+            "Some({:?})",
+            f.iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
         None => "None".into(),
     };
     let lock_toml = if config.lock_path.is_file() {

@@ -55,7 +55,10 @@ pub fn project_local_bin(project_root: &Path) -> PathBuf {
 /// Environment variables that pick a toolchain, in the order they are tried.
 pub const ENV_VARS: &[&str] = &["AOT_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"];
 
-pub fn find(project_root: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Toolchain, BuildError> {
+pub fn find(
+    project_root: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Toolchain, BuildError> {
     let mut tried = Vec::new();
     for var in ENV_VARS {
         if let Some(home) = env(var).filter(|v| !v.is_empty()) {
@@ -94,10 +97,9 @@ pub fn find(project_root: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result
 fn probe(bin: PathBuf, source: ToolchainSource) -> Result<Toolchain, BuildError> {
     let nvcc = bin.join("nvcc");
     let run = |arg: &str| -> Result<String, BuildError> {
-        let out = Command::new(&nvcc)
-            .arg(arg)
-            .output()
-            .map_err(|e| BuildError::Toolchain(format!("{}: cannot run `nvcc {arg}`: {e}", nvcc.display())))?;
+        let out = Command::new(&nvcc).arg(arg).output().map_err(|e| {
+            BuildError::Toolchain(format!("{}: cannot run `nvcc {arg}`: {e}", nvcc.display()))
+        })?;
         if !out.status.success() {
             return Err(BuildError::Toolchain(format!(
                 "{}: `nvcc {arg}` failed: {}",
@@ -108,17 +110,29 @@ fn probe(bin: PathBuf, source: ToolchainSource) -> Result<Toolchain, BuildError>
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let version = parse_version(&run("--version")?).ok_or_else(|| {
-        BuildError::Toolchain(format!("{}: `nvcc --version` printed no `V<major>.<minor>.<patch>`", nvcc.display()))
+        BuildError::Toolchain(format!(
+            "{}: `nvcc --version` printed no `V<major>.<minor>.<patch>`",
+            nvcc.display()
+        ))
     })?;
     let sm_list = parse_gpu_codes(&run("--list-gpu-code")?);
-    Ok(Toolchain { bin, source, version, sm_list })
+    Ok(Toolchain {
+        bin,
+        source,
+        version,
+        sm_list,
+    })
 }
 
 /// "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0.88".
 pub fn parse_version(text: &str) -> Option<String> {
     text.split_whitespace()
         .filter_map(|w| w.strip_prefix('V'))
-        .find(|v| v.split('.').count() == 3 && v.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+        .find(|v| {
+            v.split('.').count() == 3
+                && v.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
         .map(str::to_string)
 }
 

@@ -34,9 +34,13 @@ pub struct ImageRecord {
 impl ImageRecord {
     /// The image's bytes, a slice of the embedded fatbin.
     pub fn bytes(&self) -> &'static [u8] {
-        let module = module(self.module).expect("image records are generated from the module table");
+        let module =
+            module(self.module).expect("image records are generated from the module table");
         // The build read these bounds back from this very fatbin; `get` keeps a bad table from panicking.
-        module.fatbin.get(self.offset..self.offset + self.size).unwrap_or(&[])
+        module
+            .fatbin
+            .get(self.offset..self.offset + self.size)
+            .unwrap_or(&[])
     }
 }
 

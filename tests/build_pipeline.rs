@@ -39,7 +39,11 @@ impl Project {
         copy_dir(&repo().join("kernels"), &dir.path().join("kernels"));
         let manifest = std::fs::read_to_string(repo().join("aot-manifest.toml")).unwrap();
         std::fs::write(dir.path().join("aot-manifest.toml"), edit(manifest)).unwrap();
-        std::fs::copy(repo().join("aot-manifest.lock"), dir.path().join("aot-manifest.lock")).unwrap();
+        std::fs::copy(
+            repo().join("aot-manifest.lock"),
+            dir.path().join("aot-manifest.lock"),
+        )
+        .unwrap();
         Project { dir }
     }
 
@@ -50,11 +54,16 @@ impl Project {
     fn config(&self, targets: &[&str]) -> Config {
         let env = |_: &str| None;
         let mut config = Config::from_env(self.path(), &self.path().join("out"), &env).unwrap();
-        config.target_filter = (!targets.is_empty()).then(|| targets.iter().map(|t| t.parse().unwrap()).collect());
+        config.target_filter =
+            (!targets.is_empty()).then(|| targets.iter().map(|t| t.parse().unwrap()).collect());
         config
     }
 
-    fn build_with(&self, config: &Config, home: Option<&Path>) -> Result<aot_build::BuildOutput, BuildError> {
+    fn build_with(
+        &self,
+        config: &Config,
+        home: Option<&Path>,
+    ) -> Result<aot_build::BuildOutput, BuildError> {
         let home = home.map(|h| h.display().to_string());
         let env = move |k: &str| match k {
             "AOT_CUDA_HOME" => home.clone(),
@@ -93,29 +102,50 @@ fn err_text(result: Result<aot_build::BuildOutput, BuildError>) -> String {
 fn unknown_target_fails_with_key_and_fix() {
     let p = Project::new(|m| m.replace("\"sm_110\", \"sm_120\"", "\"sm_111\", \"sm_120\""));
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("aot-manifest.toml: targets.sass: unknown target `sm_111`"), "{err}");
-    assert!(err.contains("sm_110"), "the error lists the targets that exist: {err}");
+    assert!(
+        err.contains("aot-manifest.toml: targets.sass: unknown target `sm_111`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sm_110"),
+        "the error lists the targets that exist: {err}"
+    );
 }
 
 #[test]
 fn duplicate_module_fails() {
     let p = Project::new(|m| m.replace("name = \"rotary\"", "name = \"rmsnorm\""));
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("module[1] (rmsnorm).name: duplicate module `rmsnorm`"), "{err}");
+    assert!(
+        err.contains("module[1] (rmsnorm).name: duplicate module `rmsnorm`"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_source_names_module_and_path() {
-    let p = Project::new(|m| m.replace("kernels/rotary/rotary_neox.cu", "kernels/rotary/missing.cu"));
+    let p =
+        Project::new(|m| m.replace("kernels/rotary/rotary_neox.cu", "kernels/rotary/missing.cu"));
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("module[1] (rotary).source: `kernels/rotary/missing.cu` does not exist"), "{err}");
+    assert!(
+        err.contains("module[1] (rotary).source: `kernels/rotary/missing.cu` does not exist"),
+        "{err}"
+    );
 }
 
 #[test]
 fn entry_absent_from_the_image_fails() {
-    let p = Project::new(|m| m.replace("entries = [\"rotary_neox_bf16\"]", "entries = [\"rotary_neox_bf16\", \"rotary_gptj_bf16\"]"));
+    let p = Project::new(|m| {
+        m.replace(
+            "entries = [\"rotary_neox_bf16\"]",
+            "entries = [\"rotary_neox_bf16\", \"rotary_gptj_bf16\"]",
+        )
+    });
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("module rotary.entries: `rotary_gptj_bf16` is not in the sm_90 image"), "{err}");
+    assert!(
+        err.contains("module rotary.entries: `rotary_gptj_bf16` is not in the sm_90 image"),
+        "{err}"
+    );
     assert!(err.contains("it has: rotary_neox_bf16"), "{err}");
 }
 
@@ -124,10 +154,25 @@ fn compile_error_shows_nvcc_message_and_module() {
     let p = Project::new(|m| m);
     let src = p.path().join("kernels/activation/silu_and_mul.cu");
     let text = std::fs::read_to_string(&src).unwrap();
-    std::fs::write(&src, text.replace("const int64_t row = blockIdx.y;", "const int64_t row = blockIdx.y; undeclared_name += 1;")).unwrap();
+    std::fs::write(
+        &src,
+        text.replace(
+            "const int64_t row = blockIdx.y;",
+            "const int64_t row = blockIdx.y; undeclared_name += 1;",
+        ),
+    )
+    .unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("module activation: kernels/activation/silu_and_mul.cu failed to compile for sm_90"), "{err}");
-    assert!(err.contains("undeclared_name"), "nvcc's own message is shown: {err}");
+    assert!(
+        err.contains(
+            "module activation: kernels/activation/silu_and_mul.cu failed to compile for sm_90"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("undeclared_name"),
+        "nvcc's own message is shown: {err}"
+    );
 }
 
 #[test]
@@ -135,9 +180,19 @@ fn warnings_are_errors() {
     let p = Project::new(|m| m);
     let src = p.path().join("kernels/activation/silu_and_mul.cu");
     let text = std::fs::read_to_string(&src).unwrap();
-    std::fs::write(&src, text.replace("const int64_t row = blockIdx.y;", "const int64_t row = blockIdx.y; int unused_variable = 3;")).unwrap();
+    std::fs::write(
+        &src,
+        text.replace(
+            "const int64_t row = blockIdx.y;",
+            "const int64_t row = blockIdx.y; int unused_variable = 3;",
+        ),
+    )
+    .unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("failed to compile for sm_90") && err.contains("unused_variable"), "{err}");
+    assert!(
+        err.contains("failed to compile for sm_90") && err.contains("unused_variable"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -147,7 +202,10 @@ fn corrupt_lock_fails_with_the_fix() {
     let text = std::fs::read_to_string(&lock).unwrap();
     std::fs::write(&lock, text.replacen("size = ", "size = \"", 1)).unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("aot-manifest.lock: the lock is corrupt") && err.contains("make lock"), "{err}");
+    assert!(
+        err.contains("aot-manifest.lock: the lock is corrupt") && err.contains("make lock"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -155,13 +213,20 @@ fn hand_edited_lock_hash_gives_a_readable_diff() {
     let p = Project::new(|m| m);
     let lock_path = p.path().join("aot-manifest.lock");
     let mut lock = fatbin_verify::lock::Lock::from_path(&lock_path).unwrap();
-    let image = lock.modules[1].images.iter_mut().find(|i| i.target == Target::sass(90)).unwrap();
+    let image = lock.modules[1]
+        .images
+        .iter_mut()
+        .find(|i| i.target == Target::sass(90))
+        .unwrap();
     let real = image.sha256.clone();
     image.sha256 = "0".repeat(64);
     std::fs::write(&lock_path, lock.to_toml_string()).unwrap();
     let err = err_text(p.build(&["sm_90"]));
     assert!(err.contains("1 image(s) differ from the lock"), "{err}");
-    assert!(err.contains(&format!("rotary sm_90: lock sha256 {} ", "0".repeat(64))), "{err}");
+    assert!(
+        err.contains(&format!("rotary sm_90: lock sha256 {} ", "0".repeat(64))),
+        "{err}"
+    );
     assert!(err.contains(&format!("build sha256 {real}")), "{err}");
 }
 
@@ -170,7 +235,10 @@ fn no_lock_says_how_to_make_one() {
     let p = Project::new(|m| m);
     std::fs::remove_file(p.path().join("aot-manifest.lock")).unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("no lock file") && err.contains("make lock"), "{err}");
+    assert!(
+        err.contains("no lock file") && err.contains("make lock"),
+        "{err}"
+    );
 }
 
 /// A fake CUDA 12.8 nvcc: knows no sm_110, as the real 12.x compilers do not.
@@ -198,10 +266,18 @@ fn fake_toolchain(dir: &Path, version: &str, gpu_codes: &str, delegate: Option<&
 #[test]
 fn toolchain_without_sm_110_is_rejected_naming_the_target() {
     let p = Project::new(|m| m);
-    let home = fake_toolchain(p.path(), "12.8.93", "sm_75 sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_101 sm_120", None);
+    let home = fake_toolchain(
+        p.path(),
+        "12.8.93",
+        "sm_75 sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_101 sm_120",
+        None,
+    );
     let err = err_text(p.build_with(&p.config(&[]), Some(&home)));
     assert!(err.contains("targets.sass: nvcc 12.8.93"), "{err}");
-    assert!(err.contains("cannot build `sm_103`") || err.contains("cannot build `sm_110`"), "{err}");
+    assert!(
+        err.contains("cannot build `sm_103`") || err.contains("cannot build `sm_110`"),
+        "{err}"
+    );
     assert!(err.contains("bash scripts/setup-toolchain.sh"), "{err}");
 }
 
@@ -210,47 +286,82 @@ fn no_toolchain_says_the_install_command() {
     let p = Project::new(|m| m);
     let config = p.config(&[]);
     let env = |k: &str| (k == "PATH").then(|| "/nonexistent".to_string());
-    let err = aot_build::run(&config, &env, &|_| {}).unwrap_err().to_string();
-    assert!(err.contains("no CUDA compiler found") && err.contains("bash scripts/setup-toolchain.sh"), "{err}");
+    let err = aot_build::run(&config, &env, &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no CUDA compiler found") && err.contains("bash scripts/setup-toolchain.sh"),
+        "{err}"
+    );
     let env = |k: &str| (k == "AOT_CUDA_HOME").then(|| "/nonexistent/cuda".to_string());
-    let err = aot_build::run(&config, &env, &|_| {}).unwrap_err().to_string();
-    assert!(err.contains("AOT_CUDA_HOME=/nonexistent/cuda has no bin/nvcc"), "{err}");
+    let err = aot_build::run(&config, &env, &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("AOT_CUDA_HOME=/nonexistent/cuda has no bin/nvcc"),
+        "{err}"
+    );
 }
 
 #[test]
 fn other_toolchain_reports_the_lock_as_not_applicable_and_leaves_it() {
     let p = Project::new(|m| m);
-    let home = fake_toolchain(p.path(), "13.0.99", "sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_103 sm_110 sm_120 sm_121", Some(&toolchain_home()));
+    let home = fake_toolchain(
+        p.path(),
+        "13.0.99",
+        "sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_103 sm_110 sm_120 sm_121",
+        Some(&toolchain_home()),
+    );
     let lock_before = std::fs::read(p.path().join("aot-manifest.lock")).unwrap();
     let out = p.build_with(&p.config(&["sm_90"]), Some(&home)).unwrap();
     assert_eq!(
         out.lock_status,
-        LockStatus::NotApplicable { toolchain: "13.0.99".into(), pinned: "13.0.88".into() }
+        LockStatus::NotApplicable {
+            toolchain: "13.0.99".into(),
+            pinned: "13.0.88".into()
+        }
     );
-    assert_eq!(std::fs::read(p.path().join("aot-manifest.lock")).unwrap(), lock_before);
+    assert_eq!(
+        std::fs::read(p.path().join("aot-manifest.lock")).unwrap(),
+        lock_before
+    );
     let mut config = p.config(&[]);
     config.update_lock = true;
     let err = err_text(p.build_with(&config, Some(&home)));
-    assert!(err.contains("refusing to write the lock: nvcc 13.0.99 is not the pinned 13.0.88"), "{err}");
+    assert!(
+        err.contains("refusing to write the lock: nvcc 13.0.99 is not the pinned 13.0.88"),
+        "{err}"
+    );
 }
 
 #[test]
 fn cache_recompiles_only_the_changed_module() {
     let p = Project::new(|m| m);
     let first = p.build(&["sm_90"]).unwrap();
-    assert_eq!((first.compiled, first.cached), (6, 0), "3 modules x (sm_90 + compute_80)");
+    assert_eq!(
+        (first.compiled, first.cached),
+        (6, 0),
+        "3 modules x (sm_90 + compute_80)"
+    );
     assert_eq!(first.lock_status, LockStatus::Verified { partial: true });
     let again = p.build(&["sm_90"]).unwrap();
     assert_eq!((again.compiled, again.cached), (0, 6));
 
     let src = p.path().join("kernels/rotary/rotary_neox.cu");
     let text = std::fs::read_to_string(&src).unwrap();
-    std::fs::write(&src, format!("{text}\n// a comment changes the source hash\n")).unwrap();
+    std::fs::write(
+        &src,
+        format!("{text}\n// a comment changes the source hash\n"),
+    )
+    .unwrap();
     // The source hash changed, so the lock check fails, but only `rotary` was recompiled;
     // its stale cache entries were replaced, the other modules' entries kept.
     let cache = p.path().join("out/cache");
     let names = |m: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(cache.join(m)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(cache.join(m))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     };
@@ -261,7 +372,10 @@ fn cache_recompiles_only_the_changed_module() {
     assert_eq!(before.0, after.0);
     assert_eq!(before.2, after.2);
     assert_eq!(after.1.len(), 2);
-    assert!(after.1.iter().all(|n| !before.1.contains(n)), "rotary was recompiled: {before:?} -> {after:?}");
+    assert!(
+        after.1.iter().all(|n| !before.1.contains(n)),
+        "rotary was recompiled: {before:?} -> {after:?}"
+    );
 }
 
 #[test]
@@ -273,18 +387,36 @@ fn two_builds_in_different_folders_give_identical_images_equal_to_the_lock() {
     for (ma, mb) in a.modules.iter().zip(&b.modules) {
         assert_eq!(ma.images.len(), 3);
         for (ia, ib) in ma.images.iter().zip(&mb.images) {
-            assert_eq!((ia.target, &ia.sha256), (ib.target, &ib.sha256), "{} differs between builds", ma.name);
+            assert_eq!(
+                (ia.target, &ia.sha256),
+                (ib.target, &ib.sha256),
+                "{} differs between builds",
+                ma.name
+            );
             assert_eq!(lock.image(&ma.name, ia.target).unwrap().sha256, ia.sha256);
         }
-        assert_eq!(std::fs::read(&ma.fatbin).unwrap(), std::fs::read(&mb.fatbin).unwrap());
+        assert_eq!(
+            std::fs::read(&ma.fatbin).unwrap(),
+            std::fs::read(&mb.fatbin).unwrap()
+        );
     }
 }
 
 #[test]
 fn target_filter_rejects_ptx_and_garbage() {
     assert!(aot_build::parse_target_filter("sm_90, sm_110").is_ok());
-    let err = aot_build::parse_target_filter("compute_80").unwrap_err().to_string();
-    assert!(err.contains("PTX target") && err.contains("always built"), "{err}");
-    let err = aot_build::parse_target_filter("sm_9x").unwrap_err().to_string();
-    assert!(err.contains("AOT_TARGETS") && err.contains("sm_9x"), "{err}");
+    let err = aot_build::parse_target_filter("compute_80")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("PTX target") && err.contains("always built"),
+        "{err}"
+    );
+    let err = aot_build::parse_target_filter("sm_9x")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("AOT_TARGETS") && err.contains("sm_9x"),
+        "{err}"
+    );
 }

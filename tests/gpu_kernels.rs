@@ -8,10 +8,14 @@
 //! (`auto`) and from the PTX fallback (`ptx-only`, JIT), outputs compared bitwise between the two
 //! paths and, in bf16 ulps, with the CPU reference.
 
-use aot_kernels::dispatch::{load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy};
+use aot_kernels::dispatch::{
+    load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
+};
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
-use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, fused_add_rmsnorm_reference, rmsnorm, rmsnorm_reference, RmsNormParams};
+use aot_kernels::ops::rmsnorm::{
+    fused_add_rmsnorm, fused_add_rmsnorm_reference, rmsnorm, rmsnorm_reference, RmsNormParams,
+};
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, rotary_neox_reference, RotaryParams};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -22,11 +26,14 @@ use rand::{Rng, SeedableRng};
 const MAX_ULPS_VS_REFERENCE: u32 = 2;
 
 fn device() -> OpenDevice {
-    open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
+    open_device(0)
+        .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
 }
 
 fn random_bf16(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<bf16> {
-    (0..n).map(|_| bf16::from_f32(rng.gen_range(-scale..scale))).collect()
+    (0..n)
+        .map(|_| bf16::from_f32(rng.gen_range(-scale..scale)))
+        .collect()
 }
 
 /// One op's output under one loaded kernel set.
@@ -44,22 +51,45 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
 
     // RMSNorm: Qwen3-4B layer norm (8 x 2560), per-head q_norm (8*32 x 128), and the zero-centred
     // Qwen3.5 variant with the fused residual add (8 x 2048).
-    for (name, rows, hidden, offset) in [("rmsnorm 8x2560", 8, 2560, 0.0f32), ("rmsnorm q_norm 256x128", 256, 128, 0.0)] {
-        let p = RmsNormParams { rows, hidden, eps: 1e-6, weight_offset: offset };
+    for (name, rows, hidden, offset) in [
+        ("rmsnorm 8x2560", 8, 2560, 0.0f32),
+        ("rmsnorm q_norm 256x128", 256, 128, 0.0),
+    ] {
+        let p = RmsNormParams {
+            rows,
+            hidden,
+            eps: 1e-6,
+            weight_offset: offset,
+        };
         let x = random_bf16(&mut rng, rows * hidden, 3.0);
         let w = random_bf16(&mut rng, hidden, 1.5);
-        let (dx, dw) = (stream.clone_htod(&x).unwrap(), stream.clone_htod(&w).unwrap());
+        let (dx, dw) = (
+            stream.clone_htod(&x).unwrap(),
+            stream.clone_htod(&w).unwrap(),
+        );
         let mut dout = stream.alloc_zeros::<bf16>(rows * hidden).unwrap();
         rmsnorm(k, &mut dout, &dx, &dw, &p).unwrap();
         gpu.push((name.into(), stream.clone_dtoh(&dout).unwrap()));
         cpu.push((name.into(), rmsnorm_reference(&x, &w, &p)));
     }
-    for (name, rows, hidden, offset) in [("fused_add_rmsnorm 8x2560", 8, 2560, 0.0f32), ("fused_add_rmsnorm (1+w) 8x2048", 8, 2048, 1.0)] {
-        let p = RmsNormParams { rows, hidden, eps: 1e-6, weight_offset: offset };
+    for (name, rows, hidden, offset) in [
+        ("fused_add_rmsnorm 8x2560", 8, 2560, 0.0f32),
+        ("fused_add_rmsnorm (1+w) 8x2048", 8, 2048, 1.0),
+    ] {
+        let p = RmsNormParams {
+            rows,
+            hidden,
+            eps: 1e-6,
+            weight_offset: offset,
+        };
         let x = random_bf16(&mut rng, rows * hidden, 2.0);
         let r = random_bf16(&mut rng, rows * hidden, 2.0);
         let w = random_bf16(&mut rng, hidden, 0.5);
-        let (mut dx, mut dr, dw) = (stream.clone_htod(&x).unwrap(), stream.clone_htod(&r).unwrap(), stream.clone_htod(&w).unwrap());
+        let (mut dx, mut dr, dw) = (
+            stream.clone_htod(&x).unwrap(),
+            stream.clone_htod(&r).unwrap(),
+            stream.clone_htod(&w).unwrap(),
+        );
         fused_add_rmsnorm(k, &mut dx, &mut dr, &dw, &p).unwrap();
         let (want_x, want_r) = fused_add_rmsnorm_reference(&x, &r, &w, &p);
         gpu.push((format!("{name} out"), stream.clone_dtoh(&dx).unwrap()));
@@ -70,16 +100,44 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
 
     // Rotary: Qwen3-4B (32/8 heads of 128, full rotation) and Qwen3.5 attention (16/2 heads of 256, 64 rotated).
     for (name, p, theta) in [
-        ("rotary qwen3 8 tokens", RotaryParams { tokens: 8, q_heads: 32, kv_heads: 8, head_dim: 128, rot_dim: 128 }, 1e6),
-        ("rotary qwen3.5 partial 8 tokens", RotaryParams { tokens: 8, q_heads: 16, kv_heads: 2, head_dim: 256, rot_dim: 64 }, 1e7),
+        (
+            "rotary qwen3 8 tokens",
+            RotaryParams {
+                tokens: 8,
+                q_heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                rot_dim: 128,
+            },
+            1e6,
+        ),
+        (
+            "rotary qwen3.5 partial 8 tokens",
+            RotaryParams {
+                tokens: 8,
+                q_heads: 16,
+                kv_heads: 2,
+                head_dim: 256,
+                rot_dim: 64,
+            },
+            1e7,
+        ),
     ] {
         let max_position = 4096;
         let cache = cos_sin_cache(max_position, p.rot_dim, theta);
-        let positions: Vec<i32> = (0..p.tokens).map(|_| rng.gen_range(0..max_position as i32)).collect();
+        let positions: Vec<i32> = (0..p.tokens)
+            .map(|_| rng.gen_range(0..max_position as i32))
+            .collect();
         let q = random_bf16(&mut rng, p.tokens * p.q_heads * p.head_dim, 2.0);
         let kk = random_bf16(&mut rng, p.tokens * p.kv_heads * p.head_dim, 2.0);
-        let (mut dq, mut dk) = (stream.clone_htod(&q).unwrap(), stream.clone_htod(&kk).unwrap());
-        let (dpos, dcache) = (stream.clone_htod(&positions).unwrap(), stream.clone_htod(&cache).unwrap());
+        let (mut dq, mut dk) = (
+            stream.clone_htod(&q).unwrap(),
+            stream.clone_htod(&kk).unwrap(),
+        );
+        let (dpos, dcache) = (
+            stream.clone_htod(&positions).unwrap(),
+            stream.clone_htod(&cache).unwrap(),
+        );
         rotary_neox(k, &mut dq, &mut dk, &dpos, &dcache, max_position, &p).unwrap();
         let (mut wq, mut wk) = (q.clone(), kk.clone());
         rotary_neox_reference(&mut wq, &mut wk, &positions, &cache, &p);
@@ -90,7 +148,10 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
     }
 
     // SiLU-and-mul: Qwen3-4B MLP (8 x 9728, vector path) and an odd width (scalar path).
-    for (name, rows, d) in [("silu_and_mul 8x9728", 8, 9728), ("silu_and_mul 3x1001", 3, 1001)] {
+    for (name, rows, d) in [
+        ("silu_and_mul 8x9728", 8, 9728),
+        ("silu_and_mul 3x1001", 3, 1001),
+    ] {
         let input = random_bf16(&mut rng, rows * 2 * d, 6.0);
         let dinput = stream.clone_htod(&input).unwrap();
         let mut dout = stream.alloc_zeros::<bf16>(rows * d).unwrap();
@@ -106,7 +167,10 @@ fn check_against_reference(path: &str, gpu: &Outputs, cpu: &Outputs) {
     for ((name, got), (_, want)) in gpu.iter().zip(cpu) {
         let r: UlpReport = compare(got, want);
         eprintln!("[{path}] {name}: vs CPU reference: {r}");
-        assert!(got.iter().any(|v| v.to_f32() != 0.0), "{name}: the kernel wrote nothing");
+        assert!(
+            got.iter().any(|v| v.to_f32() != 0.0),
+            "{name}: the kernel wrote nothing"
+        );
         assert!(r.max_ulps <= MAX_ULPS_VS_REFERENCE, "[{path}] {name}: {r}");
     }
 }
@@ -123,8 +187,17 @@ fn gpu_every_kernel_matches_its_reference_and_sass_equals_ptx() {
     let ptx = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
     eprintln!("{}", sass.report().to_table());
     eprintln!("{}", ptx.report().to_table());
-    assert!(sass.report().modules.iter().all(|m| !m.jit), "auto must load SASS on this GPU");
-    assert!(ptx.report().modules.iter().all(|m| m.jit && m.target.virtual_arch), "ptx-only must JIT PTX");
+    assert!(
+        sass.report().modules.iter().all(|m| !m.jit),
+        "auto must load SASS on this GPU"
+    );
+    assert!(
+        ptx.report()
+            .modules
+            .iter()
+            .all(|m| m.jit && m.target.virtual_arch),
+        "ptx-only must JIT PTX"
+    );
 
     let (gpu_sass, cpu) = run_ops(&sass, &inputs);
     let (gpu_ptx, _) = run_ops(&ptx, &inputs);
@@ -145,9 +218,21 @@ fn gpu_launchers_refuse_bad_shapes_without_launching() {
     let stream = k.stream();
     let small = stream.alloc_zeros::<bf16>(10).unwrap();
     let mut out = stream.alloc_zeros::<bf16>(10).unwrap();
-    let p = RmsNormParams { rows: 2, hidden: 64, eps: 1e-6, weight_offset: 0.0 };
-    let err = rmsnorm(&k, &mut out, &small, &small, &p).unwrap_err().to_string();
-    assert!(err.contains("rmsnorm: `out` holds 10 elements, the shape needs 128"), "{err}");
-    let err = silu_and_mul(&k, &mut out, &small, 0, 8).unwrap_err().to_string();
+    let p = RmsNormParams {
+        rows: 2,
+        hidden: 64,
+        eps: 1e-6,
+        weight_offset: 0.0,
+    };
+    let err = rmsnorm(&k, &mut out, &small, &small, &p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rmsnorm: `out` holds 10 elements, the shape needs 128"),
+        "{err}"
+    );
+    let err = silu_and_mul(&k, &mut out, &small, 0, 8)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("silu_and_mul: rows 0"), "{err}");
 }

@@ -37,7 +37,10 @@ pub fn silu_and_mul(
 ) -> Result<(), OpsError> {
     let op = "silu_and_mul";
     if rows == 0 || d == 0 || rows > 65535 {
-        return Err(OpsError::Shape { op, message: format!("rows {rows} x d {d}: rows must be 1..=65535 and d > 0") });
+        return Err(OpsError::Shape {
+            op,
+            message: format!("rows {rows} x d {d}: rows must be 1..=65535 and d > 0"),
+        });
     }
     check_len(op, "out", out, rows * d)?;
     check_len(op, "input", input, rows * 2 * d)?;
@@ -47,7 +50,14 @@ pub fn silu_and_mul(
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(kernels, op, MODULE, ENTRY, cfg, &mut [Arg::Out(out), Arg::In(input), Arg::I32(d_i32)])
+    launch(
+        kernels,
+        op,
+        MODULE,
+        ENTRY,
+        cfg,
+        &mut [Arg::Out(out), Arg::In(input), Arg::I32(d_i32)],
+    )
 }
 
 #[cfg(test)]
@@ -57,12 +67,18 @@ mod tests {
     #[test]
     fn matches_silu_at_known_points() {
         // silu(0) = 0, silu(large) ~ x, silu(-large) ~ 0; up scales the result.
-        let input: Vec<bf16> = [0.0f32, 8.0, -8.0, 1.0, 2.0, 3.0, 0.5, 1.0].iter().map(|&x| bf16::from_f32(x)).collect();
+        let input: Vec<bf16> = [0.0f32, 8.0, -8.0, 1.0, 2.0, 3.0, 0.5, 1.0]
+            .iter()
+            .map(|&x| bf16::from_f32(x))
+            .collect();
         let out = silu_and_mul_reference(&input, 1, 4);
         let silu = |x: f64| x / (1.0 + (-x).exp());
         let want = [0.0, silu(8.0) * 3.0, silu(-8.0) * 0.5, silu(1.0)];
         for (o, w) in out.iter().zip(want) {
-            assert!((f64::from(o.to_f32()) - w).abs() <= w.abs() * 0.01 + 1e-6, "{o} vs {w}");
+            assert!(
+                (f64::from(o.to_f32()) - w).abs() <= w.abs() * 0.01 + 1e-6,
+                "{o} vs {w}"
+            );
         }
     }
 }

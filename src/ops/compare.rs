@@ -9,7 +9,11 @@ use serde::Serialize;
 /// NaN against anything but the same NaN pattern is `u32::MAX`.
 pub fn ulp_distance(a: bf16, b: bf16) -> u32 {
     if a.is_nan() || b.is_nan() {
-        return if a.to_bits() == b.to_bits() { 0 } else { u32::MAX };
+        return if a.to_bits() == b.to_bits() {
+            0
+        } else {
+            u32::MAX
+        };
     }
     let ordered = |x: bf16| {
         let bits = x.to_bits() as i32;
@@ -53,9 +57,19 @@ impl std::fmt::Display for UlpReport {
 /// Compares element by element. Slices of different lengths compare as `max_ulps = u32::MAX`.
 pub fn compare(got: &[bf16], want: &[bf16]) -> UlpReport {
     if got.len() != want.len() {
-        return UlpReport { count: got.len().max(want.len()), differing: got.len().max(want.len()), max_ulps: u32::MAX, worst_index: 0 };
+        return UlpReport {
+            count: got.len().max(want.len()),
+            differing: got.len().max(want.len()),
+            max_ulps: u32::MAX,
+            worst_index: 0,
+        };
     }
-    let mut report = UlpReport { count: got.len(), differing: 0, max_ulps: 0, worst_index: 0 };
+    let mut report = UlpReport {
+        count: got.len(),
+        differing: 0,
+        max_ulps: 0,
+        worst_index: 0,
+    };
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let d = ulp_distance(g, w);
         if d > 0 {
@@ -87,7 +101,10 @@ mod tests {
 
     #[test]
     fn report_finds_the_worst_element() {
-        let want: Vec<bf16> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|&x| bf16::from_f32(x)).collect();
+        let want: Vec<bf16> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .map(|&x| bf16::from_f32(x))
+            .collect();
         let mut got = want.clone();
         got[2] = bf16::from_bits(got[2].to_bits() + 3);
         got[3] = bf16::from_bits(got[3].to_bits() + 1);

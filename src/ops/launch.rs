@@ -21,21 +21,35 @@ pub enum OpsError {
     #[error(transparent)]
     Dispatch(#[from] DispatchError),
     #[error("{op}: launch failed: {source}")]
-    Driver { op: &'static str, source: DriverError },
+    Driver {
+        op: &'static str,
+        source: DriverError,
+    },
 }
 
-pub(crate) fn check_len<T>(op: &'static str, what: &str, slice: &CudaSlice<T>, want: usize) -> Result<(), OpsError> {
+pub(crate) fn check_len<T>(
+    op: &'static str,
+    what: &str,
+    slice: &CudaSlice<T>,
+    want: usize,
+) -> Result<(), OpsError> {
     if slice.len() < want {
         return Err(OpsError::Shape {
             op,
-            message: format!("`{what}` holds {} elements, the shape needs {want}", slice.len()),
+            message: format!(
+                "`{what}` holds {} elements, the shape needs {want}",
+                slice.len()
+            ),
         });
     }
     Ok(())
 }
 
 pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, OpsError> {
-    i32::try_from(v).map_err(|_| OpsError::Shape { op, message: format!("`{what}` = {v} does not fit the kernel's 32-bit index") })
+    i32::try_from(v).map_err(|_| OpsError::Shape {
+        op,
+        message: format!("`{what}` = {v} does not fit the kernel's 32-bit index"),
+    })
 }
 
 /// Threads per block for a row of `work` items: a whole number of warps, at most 1024.
@@ -79,5 +93,7 @@ pub(crate) fn launch(
     // SAFETY: each op checks every buffer against its shape before calling here, the argument
     // list follows the kernel's signature in kernels/, and cudarc orders the launch on `stream`
     // after earlier work on the same buffers.
-    unsafe { builder.launch(cfg) }.map(|_| ()).map_err(|source| OpsError::Driver { op, source })
+    unsafe { builder.launch(cfg) }
+        .map(|_| ())
+        .map_err(|source| OpsError::Driver { op, source })
 }
