@@ -46,7 +46,10 @@ pub struct LockedImage {
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("{path}: cannot read the lock: {source}; run `make lock` to create it")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: the lock is corrupt ({message}); it is generated, never edited: restore it with `git checkout aot-manifest.lock` or rewrite it with `make lock`")]
     Corrupt { path: PathBuf, message: String },
 }
@@ -54,27 +57,71 @@ pub enum LockError {
 /// One difference between two locks (or a lock and a build), for readable diffs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockDiff {
-    Toolchain { locked: String, built: String },
-    MissingModule { module: String },
-    ExtraModule { module: String },
-    Source { module: String, locked: String, built: String },
-    MissingImage { module: String, target: Target },
-    ExtraImage { module: String, target: Target },
-    Image { module: String, target: Target, locked: (String, u64), built: (String, u64) },
+    Toolchain {
+        locked: String,
+        built: String,
+    },
+    MissingModule {
+        module: String,
+    },
+    ExtraModule {
+        module: String,
+    },
+    Source {
+        module: String,
+        locked: String,
+        built: String,
+    },
+    MissingImage {
+        module: String,
+        target: Target,
+    },
+    ExtraImage {
+        module: String,
+        target: Target,
+    },
+    Image {
+        module: String,
+        target: Target,
+        locked: (String, u64),
+        built: (String, u64),
+    },
 }
 
 impl std::fmt::Display for LockDiff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LockDiff::Toolchain { locked, built } => write!(f, "toolchain: lock {locked}, build {built}"),
-            LockDiff::MissingModule { module } => write!(f, "module {module}: in the lock, not in the build"),
-            LockDiff::ExtraModule { module } => write!(f, "module {module}: in the build, not in the lock"),
-            LockDiff::Source { module, locked, built } => {
-                write!(f, "module {module}: source sha256 lock {locked}, build {built}")
+            LockDiff::Toolchain { locked, built } => {
+                write!(f, "toolchain: lock {locked}, build {built}")
             }
-            LockDiff::MissingImage { module, target } => write!(f, "{module} {target}: in the lock, not in the build"),
-            LockDiff::ExtraImage { module, target } => write!(f, "{module} {target}: in the build, not in the lock"),
-            LockDiff::Image { module, target, locked, built } => write!(
+            LockDiff::MissingModule { module } => {
+                write!(f, "module {module}: in the lock, not in the build")
+            }
+            LockDiff::ExtraModule { module } => {
+                write!(f, "module {module}: in the build, not in the lock")
+            }
+            LockDiff::Source {
+                module,
+                locked,
+                built,
+            } => {
+                write!(
+                    f,
+                    "module {module}: source sha256 lock {locked}, build {built}"
+                )
+            }
+            LockDiff::MissingImage { module, target } => {
+                write!(f, "{module} {target}: in the lock, not in the build")
+            }
+            LockDiff::ExtraImage { module, target } => {
+                write!(f, "{module} {target}: in the build, not in the lock")
+            }
+            LockDiff::Image {
+                module,
+                target,
+                locked,
+                built,
+            } => write!(
                 f,
                 "{module} {target}: lock sha256 {} ({} bytes), build sha256 {} ({} bytes)",
                 locked.0, locked.1, built.0, built.1
@@ -85,28 +132,44 @@ impl std::fmt::Display for LockDiff {
 
 impl Lock {
     pub fn from_path(path: &Path) -> Result<Self, LockError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LockError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| LockError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
     pub fn parse(text: &str, origin: &Path) -> Result<Self, LockError> {
-        let corrupt = |message: String| LockError::Corrupt { path: origin.to_path_buf(), message };
-        let lock: Lock = toml::from_str(text).map_err(|e| corrupt(e.to_string().trim_end().to_string()))?;
+        let corrupt = |message: String| LockError::Corrupt {
+            path: origin.to_path_buf(),
+            message,
+        };
+        let lock: Lock =
+            toml::from_str(text).map_err(|e| corrupt(e.to_string().trim_end().to_string()))?;
         if lock.format != LOCK_FORMAT {
-            return Err(corrupt(format!("format {} where {LOCK_FORMAT} was expected", lock.format)));
+            return Err(corrupt(format!(
+                "format {} where {LOCK_FORMAT} was expected",
+                lock.format
+            )));
         }
         let mut names = BTreeSet::new();
         for m in &lock.modules {
             if !names.insert(&m.name) {
                 return Err(corrupt(format!("module `{}` appears twice", m.name)));
             }
-            check_hex(&m.source_sha256).map_err(|e| corrupt(format!("module {}: source_sha256 {e}", m.name)))?;
+            check_hex(&m.source_sha256)
+                .map_err(|e| corrupt(format!("module {}: source_sha256 {e}", m.name)))?;
             let mut targets = BTreeSet::new();
             for img in &m.images {
                 if !targets.insert(img.target) {
-                    return Err(corrupt(format!("module {}: target {} appears twice", m.name, img.target)));
+                    return Err(corrupt(format!(
+                        "module {}: target {} appears twice",
+                        m.name, img.target
+                    )));
                 }
-                check_hex(&img.sha256).map_err(|e| corrupt(format!("module {} {}: sha256 {e}", m.name, img.target)))?;
+                check_hex(&img.sha256).map_err(|e| {
+                    corrupt(format!("module {} {}: sha256 {e}", m.name, img.target))
+                })?;
             }
         }
         Ok(lock)
@@ -117,18 +180,29 @@ impl Lock {
     }
 
     pub fn image(&self, module: &str, target: Target) -> Option<&LockedImage> {
-        self.module(module)?.images.iter().find(|i| i.target == target)
+        self.module(module)?
+            .images
+            .iter()
+            .find(|i| i.target == target)
     }
 
     /// The lock as written to disk: stable order, a header that says it is generated.
     pub fn to_toml_string(&self) -> String {
         let mut out = String::new();
-        out.push_str("# aot-manifest.lock: generated by the build (`make lock`). Do not edit by hand.\n");
-        out.push_str("# One entry per kernel module and target: the image's sha256 and size in bytes.\n\n");
+        out.push_str(
+            "# aot-manifest.lock: generated by the build (`make lock`). Do not edit by hand.\n",
+        );
+        out.push_str(
+            "# One entry per kernel module and target: the image's sha256 and size in bytes.\n\n",
+        );
         let _ = writeln!(out, "format = {}", self.format);
         let _ = writeln!(out, "toolchain = \"{}\"", self.toolchain);
         for m in &self.modules {
-            let _ = write!(out, "\n[[module]]\nname = \"{}\"\nsource_sha256 = \"{}\"\n", m.name, m.source_sha256);
+            let _ = write!(
+                out,
+                "\n[[module]]\nname = \"{}\"\nsource_sha256 = \"{}\"\n",
+                m.name, m.source_sha256
+            );
             for i in &m.images {
                 let _ = write!(
                     out,
@@ -145,16 +219,23 @@ impl Lock {
     pub fn diff(&self, built: &Lock, partial: bool) -> Vec<LockDiff> {
         let mut diffs = Vec::new();
         if self.toolchain != built.toolchain {
-            diffs.push(LockDiff::Toolchain { locked: self.toolchain.clone(), built: built.toolchain.clone() });
+            diffs.push(LockDiff::Toolchain {
+                locked: self.toolchain.clone(),
+                built: built.toolchain.clone(),
+            });
         }
         for m in &self.modules {
             if built.module(&m.name).is_none() {
-                diffs.push(LockDiff::MissingModule { module: m.name.clone() });
+                diffs.push(LockDiff::MissingModule {
+                    module: m.name.clone(),
+                });
             }
         }
         for b in &built.modules {
             let Some(m) = self.module(&b.name) else {
-                diffs.push(LockDiff::ExtraModule { module: b.name.clone() });
+                diffs.push(LockDiff::ExtraModule {
+                    module: b.name.clone(),
+                });
                 continue;
             };
             if m.source_sha256 != b.source_sha256 {
@@ -167,19 +248,27 @@ impl Lock {
             if !partial {
                 for i in &m.images {
                     if !b.images.iter().any(|x| x.target == i.target) {
-                        diffs.push(LockDiff::MissingImage { module: b.name.clone(), target: i.target });
+                        diffs.push(LockDiff::MissingImage {
+                            module: b.name.clone(),
+                            target: i.target,
+                        });
                     }
                 }
             }
             for bi in &b.images {
                 match m.images.iter().find(|x| x.target == bi.target) {
-                    None => diffs.push(LockDiff::ExtraImage { module: b.name.clone(), target: bi.target }),
-                    Some(li) if li.sha256 != bi.sha256 || li.size != bi.size => diffs.push(LockDiff::Image {
+                    None => diffs.push(LockDiff::ExtraImage {
                         module: b.name.clone(),
                         target: bi.target,
-                        locked: (li.sha256.clone(), li.size),
-                        built: (bi.sha256.clone(), bi.size),
                     }),
+                    Some(li) if li.sha256 != bi.sha256 || li.size != bi.size => {
+                        diffs.push(LockDiff::Image {
+                            module: b.name.clone(),
+                            target: bi.target,
+                            locked: (li.sha256.clone(), li.size),
+                            built: (bi.sha256.clone(), bi.size),
+                        })
+                    }
                     Some(_) => {}
                 }
             }
@@ -189,7 +278,10 @@ impl Lock {
 }
 
 fn check_hex(s: &str) -> Result<(), String> {
-    if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         Ok(())
     } else {
         Err(format!("`{s}` is not 64 lowercase hex digits"))
@@ -208,8 +300,16 @@ mod tests {
                 name: "rmsnorm".into(),
                 source_sha256: "a".repeat(64),
                 images: vec![
-                    LockedImage { target: Target::sass(90), sha256: "b".repeat(64), size: 100 },
-                    LockedImage { target: Target::ptx(80), sha256: "c".repeat(64), size: 200 },
+                    LockedImage {
+                        target: Target::sass(90),
+                        sha256: "b".repeat(64),
+                        size: 100,
+                    },
+                    LockedImage {
+                        target: Target::ptx(80),
+                        sha256: "c".repeat(64),
+                        size: 200,
+                    },
                 ],
             }],
         }
@@ -225,13 +325,23 @@ mod tests {
     #[test]
     fn corrupt_hash_is_named() {
         let text = sample().to_toml_string().replace(&"b".repeat(64), "zz");
-        let err = Lock::parse(&text, Path::new("aot-manifest.lock")).unwrap_err().to_string();
-        assert!(err.contains("rmsnorm sm_90") && err.contains("make lock"), "{err}");
+        let err = Lock::parse(&text, Path::new("aot-manifest.lock"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rmsnorm sm_90") && err.contains("make lock"),
+            "{err}"
+        );
     }
 
     #[test]
     fn garbage_is_corrupt_not_panic() {
-        for text in ["", "format = 2\ntoolchain = \"x\"", "[[module]]\nname = 3", "\u{0}\u{1}"] {
+        for text in [
+            "",
+            "format = 2\ntoolchain = \"x\"",
+            "[[module]]\nname = 3",
+            "\u{0}\u{1}",
+        ] {
             assert!(Lock::parse(text, Path::new("l")).is_err(), "{text:?}");
         }
     }
@@ -243,11 +353,23 @@ mod tests {
         built.modules[0].images[0].sha256 = "d".repeat(64);
         let diffs = lock.diff(&built, false);
         assert_eq!(diffs.len(), 1);
-        assert!(diffs[0].to_string().starts_with("rmsnorm sm_90: lock sha256 bbbb"), "{}", diffs[0]);
+        assert!(
+            diffs[0]
+                .to_string()
+                .starts_with("rmsnorm sm_90: lock sha256 bbbb"),
+            "{}",
+            diffs[0]
+        );
 
         let mut partial = sample();
         partial.modules[0].images.remove(1);
         assert!(lock.diff(&partial, true).is_empty());
-        assert_eq!(lock.diff(&partial, false), [LockDiff::MissingImage { module: "rmsnorm".into(), target: Target::ptx(80) }]);
+        assert_eq!(
+            lock.diff(&partial, false),
+            [LockDiff::MissingImage {
+                module: "rmsnorm".into(),
+                target: Target::ptx(80)
+            }]
+        );
     }
 }

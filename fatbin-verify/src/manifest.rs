@@ -74,17 +74,26 @@ pub struct Module {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("{path}: cannot read the manifest: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Syntax { path: PathBuf, message: String },
     #[error("{path}: {key}: {message}")]
-    Invalid { path: PathBuf, key: String, message: String },
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
 }
 
 impl Manifest {
     pub fn from_path(path: &Path) -> Result<Self, ManifestError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ManifestError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(&text, path)
     }
 
@@ -99,11 +108,19 @@ impl Manifest {
     }
 
     fn validate(&self, origin: &Path) -> Result<(), ManifestError> {
-        let invalid = |key: String, message: String| ManifestError::Invalid { path: origin.to_path_buf(), key, message };
+        let invalid = |key: String, message: String| ManifestError::Invalid {
+            path: origin.to_path_buf(),
+            key,
+            message,
+        };
         check_targets("targets.sass", &self.targets.sass, false).map_err(|(k, m)| invalid(k, m))?;
-        check_targets("targets.ptx", std::slice::from_ref(&self.targets.ptx), true).map_err(|(k, m)| invalid(k, m))?;
+        check_targets("targets.ptx", std::slice::from_ref(&self.targets.ptx), true)
+            .map_err(|(k, m)| invalid(k, m))?;
         if self.modules.is_empty() {
-            return Err(invalid("module".into(), "no [[module]] entries; add at least one kernel module".into()));
+            return Err(invalid(
+                "module".into(),
+                "no [[module]] entries; add at least one kernel module".into(),
+            ));
         }
         let mut names = BTreeSet::new();
         for (i, module) in self.modules.iter().enumerate() {
@@ -111,25 +128,40 @@ impl Manifest {
             if !is_identifier(&module.name) {
                 return Err(invalid(
                     format!("module[{i}].name"),
-                    format!("`{}` is not a valid module name; use lowercase letters, digits and `_`", module.name),
+                    format!(
+                        "`{}` is not a valid module name; use lowercase letters, digits and `_`",
+                        module.name
+                    ),
                 ));
             }
             if !names.insert(module.name.as_str()) {
                 return Err(invalid(
                     key("name"),
-                    format!("duplicate module `{}`; each module name must appear once", module.name),
+                    format!(
+                        "duplicate module `{}`; each module name must appear once",
+                        module.name
+                    ),
                 ));
             }
             if module.entries.is_empty() {
-                return Err(invalid(key("entries"), "no entry points; list the kernels the module exports".into()));
+                return Err(invalid(
+                    key("entries"),
+                    "no entry points; list the kernels the module exports".into(),
+                ));
             }
             let mut entries = BTreeSet::new();
             for entry in &module.entries {
                 if !is_c_identifier(entry) {
-                    return Err(invalid(key("entries"), format!("`{entry}` is not a C identifier")));
+                    return Err(invalid(
+                        key("entries"),
+                        format!("`{entry}` is not a C identifier"),
+                    ));
                 }
                 if !entries.insert(entry) {
-                    return Err(invalid(key("entries"), format!("entry `{entry}` is listed twice")));
+                    return Err(invalid(
+                        key("entries"),
+                        format!("entry `{entry}` is listed twice"),
+                    ));
                 }
             }
             if let Some(targets) = &module.targets {
@@ -145,7 +177,10 @@ impl Manifest {
 
     /// Every target the module is built for: its SASS list, then the PTX fallback.
     pub fn module_targets(&self, module: &Module) -> Vec<Target> {
-        let mut targets = module.targets.clone().unwrap_or_else(|| self.targets.sass.clone());
+        let mut targets = module
+            .targets
+            .clone()
+            .unwrap_or_else(|| self.targets.sass.clone());
         targets.push(self.targets.ptx);
         targets
     }
@@ -168,8 +203,15 @@ fn check_targets(key: &str, targets: &[Target], want_ptx: bool) -> Result<(), (S
             ));
         }
         if t.virtual_arch != want_ptx {
-            let want = if want_ptx { "a PTX target (`compute_NN`)" } else { "SASS targets (`sm_NN`)" };
-            return Err((key.to_string(), format!("`{t}` is in the wrong list: this key takes {want}")));
+            let want = if want_ptx {
+                "a PTX target (`compute_NN`)"
+            } else {
+                "SASS targets (`sm_NN`)"
+            };
+            return Err((
+                key.to_string(),
+                format!("`{t}` is in the wrong list: this key takes {want}"),
+            ));
         }
         if !seen.insert(*t) {
             return Err((key.to_string(), format!("target `{t}` is listed twice")));
@@ -180,7 +222,8 @@ fn check_targets(key: &str, targets: &[Target], want_ptx: bool) -> Result<(), (S
 
 fn is_identifier(s: &str) -> bool {
     !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         && s.as_bytes()[0].is_ascii_lowercase()
 }
 
@@ -225,41 +268,69 @@ targets = ["sm_90a"]
     fn parses_modules_and_targets() {
         let m = parse(GOOD).unwrap();
         assert_eq!(m.modules.len(), 2);
-        let names: Vec<String> = m.module_targets(&m.modules[0]).iter().map(|t| t.to_string()).collect();
+        let names: Vec<String> = m
+            .module_targets(&m.modules[0])
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
         assert_eq!(names, ["sm_80", "sm_110", "compute_80"]);
-        let names: Vec<String> = m.module_targets(&m.modules[1]).iter().map(|t| t.to_string()).collect();
+        let names: Vec<String> = m
+            .module_targets(&m.modules[1])
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
         assert_eq!(names, ["sm_90a", "compute_80"]);
     }
 
     #[test]
     fn unknown_target_names_key_and_fix() {
-        let err = parse(&GOOD.replace("\"sm_110\"", "\"sm_111\"")).unwrap_err().to_string();
-        assert!(err.contains("targets.sass") && err.contains("sm_111") && err.contains("sm_110"), "{err}");
+        let err = parse(&GOOD.replace("\"sm_110\"", "\"sm_111\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("targets.sass") && err.contains("sm_111") && err.contains("sm_110"),
+            "{err}"
+        );
     }
 
     #[test]
     fn duplicate_module_is_rejected() {
-        let err = parse(&GOOD.replace("name = \"fast\"", "name = \"rmsnorm\"")).unwrap_err().to_string();
-        assert!(err.contains("module[1] (rmsnorm).name") && err.contains("duplicate module"), "{err}");
+        let err = parse(&GOOD.replace("name = \"fast\"", "name = \"rmsnorm\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("module[1] (rmsnorm).name") && err.contains("duplicate module"),
+            "{err}"
+        );
     }
 
     #[test]
     fn ptx_in_sass_list_is_rejected() {
-        let err = parse(&GOOD.replace("\"sm_80\", \"sm_110\"", "\"compute_80\"")).unwrap_err().to_string();
+        let err = parse(&GOOD.replace("\"sm_80\", \"sm_110\"", "\"compute_80\""))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("wrong list"), "{err}");
     }
 
     #[test]
     fn unknown_key_is_a_syntax_error() {
-        let err = parse(&GOOD.replace("kind = \"cuda\"\nsource = \"kernels/fast.cu\"", "kind = \"cuda\"\nsorce = \"x\"")).unwrap_err();
+        let err = parse(&GOOD.replace(
+            "kind = \"cuda\"\nsource = \"kernels/fast.cu\"",
+            "kind = \"cuda\"\nsorce = \"x\"",
+        ))
+        .unwrap_err();
         assert!(matches!(err, ManifestError::Syntax { .. }), "{err}");
     }
 
     #[test]
     fn bad_entry_names_are_rejected() {
-        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[\"fast kernel\"]")).unwrap_err().to_string();
+        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[\"fast kernel\"]"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not a C identifier"), "{err}");
-        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[]")).unwrap_err().to_string();
+        let err = parse(&GOOD.replace("[\"fast_kernel\"]", "[]"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no entry points"), "{err}");
     }
 }

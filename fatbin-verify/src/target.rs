@@ -31,11 +31,19 @@ pub struct Target {
 
 impl Target {
     pub const fn sass(sm: u32) -> Self {
-        Target { sm, variant: Variant::Baseline, virtual_arch: false }
+        Target {
+            sm,
+            variant: Variant::Baseline,
+            virtual_arch: false,
+        }
     }
 
     pub const fn ptx(sm: u32) -> Self {
-        Target { sm, variant: Variant::Baseline, virtual_arch: true }
+        Target {
+            sm,
+            variant: Variant::Baseline,
+            virtual_arch: true,
+        }
     }
 
     pub const fn with_variant(self, variant: Variant) -> Self {
@@ -96,7 +104,11 @@ impl FromStr for Target {
             return Err(err());
         }
         let sm: u32 = digits.parse().map_err(|_| err())?;
-        Ok(Target { sm, variant, virtual_arch })
+        Ok(Target {
+            sm,
+            variant,
+            virtual_arch,
+        })
     }
 }
 
@@ -119,7 +131,16 @@ mod tests {
 
     #[test]
     fn round_trips_every_form() {
-        for name in ["sm_80", "sm_87", "sm_90a", "sm_100f", "sm_110", "sm_121", "compute_80", "compute_90a"] {
+        for name in [
+            "sm_80",
+            "sm_87",
+            "sm_90a",
+            "sm_100f",
+            "sm_110",
+            "sm_121",
+            "compute_80",
+            "compute_90a",
+        ] {
             let t: Target = name.parse().unwrap();
             assert_eq!(t.to_string(), name);
         }
@@ -138,7 +159,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed_names() {
-        for bad in ["", "sm", "sm_", "sm_9", "sm_9000", "sm_90b", "SM_90", "gfx90a", "sm_x0", "compute_"] {
+        for bad in [
+            "", "sm", "sm_", "sm_9", "sm_9000", "sm_90b", "SM_90", "gfx90a", "sm_x0", "compute_",
+        ] {
             assert!(bad.parse::<Target>().is_err(), "{bad} parsed");
         }
     }
