@@ -1,9 +1,7 @@
 //! Dispatcher tests on a real GPU (written for the H200: capability 9.0, driver CUDA 13.0).
 //!
 //! Every test is `#[ignore]`d, so a plain `cargo test` lists them as ignored, never as passed.
-//! Run with `--include-ignored`: without a CUDA driver or device each then prints
-//! `SKIPPED: no CUDA device` and returns (libtest says `ok`: do not count those as passes), and
-//! with `AOT_REQUIRE_GPU=1` (the GPU bundle's run.sh sets it) a missing device is a failure.
+//! Run with `--include-ignored`: without a CUDA driver or device each then fails.
 //! Run: `cargo test --release --test dispatch_gpu -- --include-ignored --test-threads=1 --nocapture`, or on a
 //! machine without Rust, `bash scripts/gpu-bundle.sh` here and `bash .gpu-bundle/run.sh` there.
 
@@ -18,21 +16,13 @@ use aot_kernels::registry;
 use cudarc::driver::sys::CUresult;
 use fatbin_verify::Target;
 
-/// The device, or `None` after printing a visible skip (a failure under `AOT_REQUIRE_GPU=1`).
-fn gpu(test: &str) -> Option<OpenDevice> {
-    match open_device(0) {
-        Ok(d) => {
-            eprintln!("[{test}] device 0 \"{}\": {}", d.name, d.spec);
-            Some(d)
-        }
-        Err(e) => {
-            if std::env::var("AOT_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("AOT_REQUIRE_GPU=1 but no usable CUDA device: {e}");
-            }
-            eprintln!("SKIPPED: no CUDA device: {test} did not run ({e})");
-            None
-        }
-    }
+/// The device. These tests are `#[ignore]`d, so they only run when asked for; asked for on a
+/// machine without a usable GPU they fail rather than pass without running.
+fn gpu(test: &str) -> OpenDevice {
+    let d =
+        open_device(0).unwrap_or_else(|e| panic!("{test} needs a CUDA device and found none: {e}"));
+    eprintln!("[{test}] device 0 \"{}\": {}", d.name, d.spec);
+    d
 }
 
 fn exact_sass(d: &OpenDevice) -> Target {
@@ -46,9 +36,7 @@ fn print(report: &LoadReport) {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_auto_loads_exact_sass_for_every_module() {
-    let Some(d) = gpu("gpu_auto_loads_exact_sass_for_every_module") else {
-        return;
-    };
+    let d = gpu("gpu_auto_loads_exact_sass_for_every_module");
     let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
     print(k.report());
     let want = exact_sass(&d);
@@ -72,9 +60,7 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_ptx_only_jits_compute_80_for_every_module() {
-    let Some(d) = gpu("gpu_ptx_only_jits_compute_80_for_every_module") else {
-        return;
-    };
+    let d = gpu("gpu_ptx_only_jits_compute_80_for_every_module");
     let k = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
     print(k.report());
     let sm = d.spec.capability.sm() as i32;
@@ -101,9 +87,7 @@ fn gpu_ptx_only_jits_compute_80_for_every_module() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
-    let Some(d) = gpu("gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself") else {
-        return;
-    };
+    let d = gpu("gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself");
     let major = d.spec.capability.major;
     // As a build without any SASS of this major (for the H200: without sm_90) would carry.
     let modules: Vec<_> = ModuleSource::registry()
@@ -159,10 +143,7 @@ fn ptx_with_version(module: &str, new: &str) -> (ModuleSource, Vec<u8>) {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver() {
-    let Some(d) = gpu("gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver")
-    else {
-        return;
-    };
+    let d = gpu("gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver");
     // One ISA past what this driver knows (9.1 on the H200's 13.0 driver), and one past any we know.
     let next = match aot_kernels::dispatch::select::max_ptx_isa_for_driver(d.spec.driver) {
         Some((9, 0)) => "9.1",
@@ -196,9 +177,7 @@ fn gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_tampered_image_is_refused_before_loading() {
-    let Some(d) = gpu("gpu_tampered_image_is_refused_before_loading") else {
-        return;
-    };
+    let d = gpu("gpu_tampered_image_is_refused_before_loading");
     let want = exact_sass(&d);
     let mut m = ModuleSource::from_record(registry::module("rmsnorm").unwrap());
     let img = m.images.iter_mut().find(|i| i.target == want).unwrap();
@@ -218,18 +197,13 @@ fn gpu_tampered_image_is_refused_before_loading() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu() {
-    let Some(d) = gpu("gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu") else {
-        return;
-    };
+    let d = gpu("gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu");
     let rec = registry::module("rotary").unwrap();
     let other = rec
         .images
         .iter()
         .find(|i| !i.target.virtual_arch && i.target.capability().0 != d.spec.capability.major);
-    let Some(other) = other else {
-        eprintln!("SKIPPED: the registry has no cubin of another major");
-        return;
-    };
+    let other = other.expect("the full registry has cubins of other majors (sm_80 ... sm_121)");
     // Straight to the driver, bypassing selection, to see its error and our translation.
     let err =
         load_image(&d.ctx, other.bytes(), false).expect_err("a cubin of another major loaded");
@@ -242,9 +216,7 @@ fn gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_functions_are_handed_out_by_module_and_entry() {
-    let Some(_d) = gpu("gpu_functions_are_handed_out_by_module_and_entry") else {
-        return;
-    };
+    gpu("gpu_functions_are_handed_out_by_module_and_entry");
     let k = load_all(Policy::Auto).unwrap();
     for m in registry::modules() {
         for e in m.entries {
@@ -270,9 +242,7 @@ fn gpu_functions_are_handed_out_by_module_and_entry() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_load_times_sass_and_jit() {
-    let Some(d) = gpu("gpu_load_times_sass_and_jit") else {
-        return;
-    };
+    let d = gpu("gpu_load_times_sass_and_jit");
     // Measures, does not assert. The JIT figure is cold only if nothing in this process or the
     // driver's cache (CUDA_CACHE_PATH) compiled these PTX images before: run.sh measures the
     // cold figure separately with CUDA_CACHE_DISABLE=1.

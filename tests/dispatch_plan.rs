@@ -18,25 +18,24 @@ fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
     }
 }
 
-/// Registry modules, or `None` (with a visible note) when this build left out a target the
-/// test needs: an `AOT_TARGETS` build cannot show the full plan, and must not pass for it.
-fn registry_with(targets: &[&str]) -> Option<Vec<ModuleSource>> {
+/// Registry modules; a build that left out a target the test needs (`AOT_TARGETS`) cannot show
+/// the full plan, so the test fails rather than pass without checking.
+fn registry_with(targets: &[&str]) -> Vec<ModuleSource> {
     let modules = ModuleSource::registry();
     assert!(!modules.is_empty(), "the registry has no modules");
     for m in &modules {
         for t in targets {
             let t: Target = t.parse().unwrap();
             if !m.images.iter().any(|i| i.target == t) {
-                eprintln!(
-                    "SKIPPED: module {} has no {t} image (AOT_TARGETS={:?}); build without AOT_TARGETS to run this test",
+                panic!(
+                    "module {} has no {t} image (AOT_TARGETS={:?}); build without AOT_TARGETS to run this test",
                     m.name,
                     registry::build_info().target_filter
                 );
-                return None;
             }
         }
     }
-    Some(modules)
+    modules
 }
 
 fn chosen(p: &aot_kernels::dispatch::Plan) -> Vec<(String, Option<String>)> {
@@ -60,9 +59,7 @@ fn assert_all(p: &aot_kernels::dispatch::Plan, want: &str) {
 
 #[test]
 fn thor_orin_hopper_and_spark_get_their_exact_sass() {
-    let Some(modules) = registry_with(&["sm_110", "sm_87", "sm_90", "sm_121"]) else {
-        return;
-    };
+    let modules = registry_with(&["sm_110", "sm_87", "sm_90", "sm_121"]);
     for (cap, integrated, want) in [
         ("11.0", true, "sm_110"),
         ("8.7", true, "sm_87"),
@@ -80,9 +77,7 @@ fn thor_orin_hopper_and_spark_get_their_exact_sass() {
 
 #[test]
 fn orin_without_sm_87_takes_ptx_not_sm_80() {
-    let Some(modules) = registry_with(&["sm_80", "sm_87", "compute_80"]) else {
-        return;
-    };
+    let modules = registry_with(&["sm_80", "sm_87", "compute_80"]);
     let without: Vec<_> = modules
         .into_iter()
         .map(|m| m.without_target(Target::sass(87)))
@@ -96,9 +91,7 @@ fn orin_without_sm_87_takes_ptx_not_sm_80() {
 
 #[test]
 fn hopper_on_a_12_8_driver_with_only_sm_80_and_nvcc13_ptx_is_an_error_that_says_what_is_needed() {
-    let Some(modules) = registry_with(&["sm_80", "compute_80"]) else {
-        return;
-    };
+    let modules = registry_with(&["sm_80", "compute_80"]);
     let only: Vec<_> = modules
         .into_iter()
         .map(|m| m.retain_images(|i| i.target == Target::sass(80) || i.target.virtual_arch))
@@ -120,9 +113,7 @@ fn hopper_on_a_12_8_driver_with_only_sm_80_and_nvcc13_ptx_is_an_error_that_says_
 
 #[test]
 fn a_future_gpu_falls_back_to_ptx_and_an_old_driver_cannot() {
-    let Some(modules) = registry_with(&["compute_80"]) else {
-        return;
-    };
+    let modules = registry_with(&["compute_80"]);
     let p = plan(dev("13.0", false, "13.0"), Policy::Auto, true, &modules);
     assert_all(&p, "compute_80");
     assert!(p.modules.iter().all(|m| m.choice.as_ref().unwrap().jit));
@@ -136,9 +127,7 @@ fn a_future_gpu_falls_back_to_ptx_and_an_old_driver_cannot() {
 
 #[test]
 fn h200_policies() {
-    let Some(modules) = registry_with(&["sm_90", "compute_80"]) else {
-        return;
-    };
+    let modules = registry_with(&["sm_90", "compute_80"]);
     let h200 = dev("9.0", false, "13.0");
     assert_all(&plan(h200, Policy::Auto, false, &modules), "sm_90");
     assert_all(&plan(h200, Policy::SassOnly, false, &modules), "sm_90");
@@ -218,9 +207,7 @@ fn altered(
 
 #[test]
 fn a_tampered_cubin_is_refused_naming_module_and_target() {
-    let Some(_) = registry_with(&["sm_90"]) else {
-        return;
-    };
+    registry_with(&["sm_90"]);
     let rec = registry::module("rmsnorm").unwrap();
     let orig = rec
         .images
@@ -341,9 +328,7 @@ fn a_recorded_ptx_version_that_disagrees_with_the_text_is_refused() {
 
 #[test]
 fn registry_images_are_hashed_once_per_process() {
-    let Some(modules) = registry_with(&["sm_90"]) else {
-        return;
-    };
+    let modules = registry_with(&["sm_90"]);
     let m = &modules[0];
     let (_, _, first) = check_module(&h200(), Policy::Auto, m).unwrap();
     let (_, _, second) = check_module(&h200(), Policy::Auto, m).unwrap();

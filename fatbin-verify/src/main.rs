@@ -24,7 +24,17 @@ Exit codes: 0 ok, 1 verification mismatch, 2 unreadable or unparsable input.";
 /// A failure that ends the run with exit code 2, its message naming the file and the fix.
 struct Fatal(String);
 
+/// Dies quietly on a closed pipe (`fatbin-verify list x | head`), as Unix tools do, instead of
+/// Rust's default of ignoring SIGPIPE and panicking in `println!`.
+fn restore_sigpipe() {
+    // SAFETY: sets the default disposition of one signal before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_sigpipe();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("list") => cmd_list(&args[1..]),

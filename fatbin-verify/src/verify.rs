@@ -39,11 +39,15 @@ pub struct FileImages {
 
 /// Every discrepancy between the images of `files` and the manifest (and lock, if given);
 /// empty when everything holds.
+///
+/// Each file is checked on its own: it must carry every promised (module, target) image. A file
+/// may hold identical copies of an image (an rlib keeps one in its metadata and one in its object
+/// code); a copy that differs from the first is reported.
 pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) -> Vec<Discrepancy> {
     let mut out = Vec::new();
-    // (module, target) -> where it was first seen, to report duplicates and missing images.
-    let mut seen: BTreeMap<(String, Target), String> = BTreeMap::new();
     for file in files {
+        // (module, target) -> where it was first seen in this file and its hash.
+        let mut seen: Seen = BTreeMap::new();
         let owners = identify_modules(manifest, lock, &file.images);
         for (image, owner) in file.images.iter().zip(owners) {
             let place = format!("{} {}", file.name, describe_source(&image.source));
@@ -51,26 +55,33 @@ pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) ->
                 out.push(Discrepancy {
                     module: None,
                     target: image.target,
-                    message: format!("unexpected {} image in {place} (kernels {:?}) belongs to no manifest module", image.kind.name(), image.kernels),
+                    message: format!(
+                        "unexpected {} image in {place} (kernels {:?}) belongs to no manifest module",
+                        image.kind.name(),
+                        image.kernels
+                    ),
                 });
                 continue;
             };
             check_image(manifest, lock, module, image, &place, &mut seen, &mut out);
         }
-    }
-    for module in &manifest.modules {
-        for target in manifest.module_targets(module) {
-            if !seen.contains_key(&(module.name.clone(), target)) {
-                out.push(Discrepancy {
-                    module: Some(module.name.clone()),
-                    target: Some(target),
-                    message: "missing: no such image in the given files".into(),
-                });
+        for module in &manifest.modules {
+            for target in manifest.module_targets(module) {
+                if !seen.contains_key(&(module.name.clone(), target)) {
+                    out.push(Discrepancy {
+                        module: Some(module.name.clone()),
+                        target: Some(target),
+                        message: format!("missing: {} holds no such image", file.name),
+                    });
+                }
             }
         }
     }
     out
 }
+
+/// Images already seen in one file: (module, target) -> (where, sha256).
+type Seen = BTreeMap<(String, Target), (String, [u8; 32])>;
 
 fn check_image<'m>(
     manifest: &'m Manifest,
@@ -78,7 +89,7 @@ fn check_image<'m>(
     module: &'m Module,
     image: &ImageInfo,
     place: &str,
-    seen: &mut BTreeMap<(String, Target), String>,
+    seen: &mut Seen,
     out: &mut Vec<Discrepancy>,
 ) {
     let mut report = |target: Option<Target>, message: String| {
@@ -118,14 +129,20 @@ fn check_image<'m>(
         );
         return;
     }
-    if let Some(first) = seen.get(&(module.name.clone(), target)) {
-        report(
+    match seen.get(&(module.name.clone(), target)) {
+        // An identical copy says nothing new.
+        Some((_, first_sha)) if *first_sha == image.sha256 => return,
+        Some((first, _)) => report(
             Some(target),
-            format!("duplicate image in {place} (first in {first})"),
-        );
-        return;
+            format!("the copy in {place} differs from the one in {first}"),
+        ),
+        None => {
+            seen.insert(
+                (module.name.clone(), target),
+                (place.to_string(), image.sha256),
+            );
+        }
     }
-    seen.insert((module.name.clone(), target), place.to_string());
 
     let have: BTreeSet<&str> = image.kernels.iter().map(String::as_str).collect();
     let want: BTreeSet<&str> = module.entries.iter().map(String::as_str).collect();

@@ -165,16 +165,19 @@ fn missing_extra_duplicate_and_foreign_images() {
     let mut images = good_build();
     images.remove(2); // rmsnorm compute_80
     images.push(image(0x1000, "rotary", "sm_100", ROT)); // not in the manifest
-    images.push(image(0x2000, "rotary", "sm_80", ROT)); // twice
+    images.push(image(0x2000, "rotary", "sm_80", ROT)); // an identical second copy: fine
+    let mut changed = image(0x2800, "rotary", "sm_80", ROT); // a second copy that differs
+    changed.sha256[0] ^= 1;
+    images.push(changed);
     images.push(image(0x3000, "other", "sm_80", &["mystery_kernel"])); // no module
     let out = run(images, false);
     assert_eq!(
         out,
         [
             "rotary sm_100: unexpected image in app container 0x1000 entry 0: the manifest does not list this target",
-            "rotary sm_80: duplicate image in app container 0x2000 entry 0 (first in app container 0x1000 entry 0)",
+            "rotary sm_80: the copy in app container 0x2800 entry 0 differs from the one in app container 0x1000 entry 0",
             r#"sm_80: unexpected elf image in app container 0x3000 entry 0 (kernels ["mystery_kernel"]) belongs to no manifest module"#,
-            "rmsnorm compute_80: missing: no such image in the given files",
+            "rmsnorm compute_80: missing: app holds no such image",
         ]
     );
 }

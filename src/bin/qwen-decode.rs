@@ -65,6 +65,11 @@ const EXIT_PLAN_ERROR: u8 = 1;
 const EXIT_NO_DEVICE: u8 = 3;
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`qwen-decode kernels | head`) instead of panicking in println!.
+    // SAFETY: sets the default disposition of one signal before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     match cli.command {
