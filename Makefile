@@ -20,7 +20,8 @@ verify: build
 	$(VERIFY) $(RELEASE)/libaot_kernels.rlib $(RELEASE)/qwen-decode
 
 run: verify
-	$(RELEASE)/qwen-decode kernels
+	@# Exit status 3 means "no CUDA device here": the plan is still printed, and that is not a failure.
+	$(RELEASE)/qwen-decode kernels || [ $$? -eq 3 ]
 	$(RELEASE)/qwen-decode kernels --simulate 11.0 --integrated --driver 13.0
 	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.8
 

@@ -241,7 +241,7 @@ fn no_lock_says_how_to_make_one() {
     );
 }
 
-/// A fake CUDA 12.8 nvcc: knows no sm_110, as the real 12.x compilers do not.
+/// A fake nvcc of the given version and target list; with `delegate`, real compiles go to that toolkit.
 fn fake_toolchain(dir: &Path, version: &str, gpu_codes: &str, delegate: Option<&Path>) -> PathBuf {
     let home = dir.join(format!("cuda-{version}"));
     std::fs::create_dir_all(home.join("bin")).unwrap();
@@ -266,18 +266,19 @@ fn fake_toolchain(dir: &Path, version: &str, gpu_codes: &str, delegate: Option<&
 #[test]
 fn toolchain_without_sm_110_is_rejected_naming_the_target() {
     let p = Project::new(|m| m);
+    // CUDA 12.9's real list: Thor is still `sm_101` there, so `sm_110` is the one it lacks.
     let home = fake_toolchain(
         p.path(),
-        "12.8.93",
-        "sm_75 sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_101 sm_120",
+        "12.9.86",
+        "sm_75 sm_80 sm_86 sm_87 sm_88 sm_89 sm_90 sm_100 sm_101 sm_103 sm_120 sm_121",
         None,
     );
     let err = err_text(p.build_with(&p.config(&[]), Some(&home)));
-    assert!(err.contains("targets.sass: nvcc 12.8.93"), "{err}");
     assert!(
-        err.contains("cannot build `sm_103`") || err.contains("cannot build `sm_110`"),
+        err.contains("aot-manifest.toml: targets.sass: nvcc 12.9.86"),
         "{err}"
     );
+    assert!(err.contains("cannot build `sm_110`"), "{err}");
     assert!(err.contains("bash scripts/setup-toolchain.sh"), "{err}");
 }
 
@@ -419,4 +420,36 @@ fn target_filter_rejects_ptx_and_garbage() {
         err.contains("AOT_TARGETS") && err.contains("sm_9x"),
         "{err}"
     );
+}
+
+#[test]
+fn per_module_arch_specific_and_family_targets_keep_the_ptx_fallback() {
+    // A Hopper-only fast path (`sm_90a`) and a Blackwell family image (`sm_100f`) for one module.
+    let p = Project::new(|m| {
+        m.replace(
+            "entries = [\"silu_and_mul_bf16\"]",
+            "entries = [\"silu_and_mul_bf16\"]\ntargets = [\"sm_90a\", \"sm_100f\"]",
+        )
+    });
+    let lock = p.path().join("none.lock");
+    let mut config = p.config(&[]);
+    config.lock_path = lock;
+    config.update_lock = true;
+    // The lock is written to a scratch path: this test is about the images, not the repo's lock.
+    let out = p.build_with(&config, Some(&toolchain_home())).unwrap();
+    let activation = out.modules.iter().find(|m| m.name == "activation").unwrap();
+    let targets: Vec<String> = activation
+        .images
+        .iter()
+        .map(|i| i.target.to_string())
+        .collect();
+    assert_eq!(targets, ["sm_90a", "sm_100f", "compute_80"]);
+    // Read back from the fatbin: the variant comes from the entry's flags.
+    let bytes = std::fs::read(&activation.fatbin).unwrap();
+    let listed: Vec<String> = fatbin_verify::list_images(&bytes)
+        .unwrap()
+        .iter()
+        .map(|i| i.target.unwrap().to_string())
+        .collect();
+    assert_eq!(listed, ["sm_90a", "sm_100f", "compute_80"]);
 }
