@@ -41,8 +41,15 @@ fn main() {
                 out.cached,
                 started.elapsed().as_secs_f64()
             ));
-            if let aot_build::LockStatus::NotApplicable { .. } = out.lock_status {
-                println!("cargo:warning=aot-kernels: lock {}", out.lock_status);
+            match &out.lock_status {
+                aot_build::LockStatus::NotApplicable { .. } => {
+                    println!("cargo:warning=aot-kernels: lock {}", out.lock_status)
+                }
+                // A deliberate choice, but the binary then lacks promised SASS: say so every build.
+                aot_build::LockStatus::Verified { partial: true } => println!(
+                    "cargo:warning=aot-kernels: AOT_TARGETS limits this build; it lacks SASS the manifest promises (unset AOT_TARGETS for a full build)"
+                ),
+                _ => {}
             }
             println!(
                 "cargo:rustc-env=AOT_REGISTRY_RS={}",

@@ -76,30 +76,64 @@ fn include_dir(config: &Config) -> PathBuf {
     config.project_root.join("kernels/include")
 }
 
-/// Headers a kernel may include: the shared include folder and headers beside the source.
-fn header_files(config: &Config, source: &Path) -> Result<Vec<PathBuf>, BuildError> {
-    let mut headers = Vec::new();
-    for dir in [
-        include_dir(config),
-        source.parent().map(Path::to_path_buf).unwrap_or_default(),
-    ] {
-        let Ok(read) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in read {
-            let path = entry.map_err(io_err(&dir))?.path();
-            let is_header = matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("cuh" | "h" | "hpp")
-            );
-            if is_header && path.is_file() {
-                headers.push(path);
-            }
-        }
+/// nvcc with the environment variables that would change its output cleared: the build's flags
+/// are the manifest's alone, so the cache key and the lock describe what was really run.
+pub fn nvcc_command(toolchain: &Toolchain) -> Command {
+    let mut cmd = Command::new(toolchain.nvcc());
+    for var in NVCC_ENV_CLEARED {
+        cmd.env_remove(var);
     }
-    headers.sort();
-    headers.dedup();
-    Ok(headers)
+    cmd
+}
+
+/// nvcc reads extra flags and the host compiler from these.
+const NVCC_ENV_CLEARED: &[&str] = &["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"];
+
+/// Every file the module's source includes, as nvcc's preprocessor finds them (`nvcc -M`):
+/// the project's headers and the toolkit's and system's.
+fn dependencies(
+    toolchain: &Toolchain,
+    config: &Config,
+    module: &fatbin_verify::manifest::Module,
+    source: &Path,
+) -> Result<Vec<PathBuf>, BuildError> {
+    let out = nvcc_command(toolchain)
+        .args(["-M", "-x", "cu", "-std=c++17"])
+        .arg("-I")
+        .arg(include_dir(config))
+        .args(&module.flags)
+        .arg(source)
+        .output()
+        .map_err(|e| {
+            BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.nvcc().display()))
+        })?;
+    if !out.status.success() {
+        return Err(BuildError::Dependencies {
+            module: module.name.clone(),
+            source_path: module.source.clone(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(parse_make_deps(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `x.o : a.cu \\\n  b.h c.h` -> [a.cu, b.h, c.h], canonical and sorted. Escaped spaces are kept.
+fn parse_make_deps(text: &str) -> Vec<PathBuf> {
+    const SPACE: char = '\u{1}';
+    let joined = text.replace("\\\n", " ").replace("\\ ", &SPACE.to_string());
+    let mut deps: Vec<PathBuf> = joined
+        .split_once(':')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|p| {
+            let p = PathBuf::from(p.replace(SPACE, " "));
+            p.canonicalize().unwrap_or(p)
+        })
+        .collect();
+    deps.sort();
+    deps.dedup();
+    deps
 }
 
 fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
@@ -108,6 +142,17 @@ fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
         let rel = f.strip_prefix(root).unwrap_or(f);
         h.update(rel.to_string_lossy().as_bytes());
         h.update([0]);
+        let bytes = std::fs::read(f).map_err(io_err(f))?;
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Hash of file contents alone, in the given (sorted) order.
+fn hash_contents(files: &[PathBuf]) -> Result<String, BuildError> {
+    let mut h = Sha256::new();
+    for f in files {
         let bytes = std::fs::read(f).map_err(io_err(f))?;
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(&bytes);
@@ -140,21 +185,38 @@ pub fn plan(
     let mut modules = Vec::new();
     let mut source_hashes = Vec::new();
     let mut inputs = vec![config.project_root.join("kernels")];
+    let kernels_dir = config.project_root.join("kernels");
+    let kernels_dir = kernels_dir.canonicalize().unwrap_or(kernels_dir);
+    // Toolchain identity beyond nvcc's version: the pinned packages (headers come from the
+    // runtime and cccl wheels, versioned apart from nvcc).
+    let toolchain_id = format!(
+        "{} {}",
+        toolchain.version,
+        manifest.toolchain.packages.join(" ")
+    );
     for module in &manifest.modules {
         let source = config.project_root.join(&module.source);
-        let mut files = vec![source.clone()];
-        files.extend(header_files(config, &source)?);
-        let source_sha256 = hash_files(&config.project_root, &files)?;
-        inputs.extend(files);
+        let deps = dependencies(toolchain, config, module, &source)?;
+        // The lock's source hash covers the project's own files, named relative to the project,
+        // so clones in different folders and toolkits in different places agree on it.
+        let (own, external): (Vec<PathBuf>, Vec<PathBuf>) = deps
+            .iter()
+            .cloned()
+            .partition(|d| d.starts_with(&kernels_dir));
+        let source_sha256 = hash_files(&kernels_dir, &own)?;
+        // The cache key also covers toolkit and system headers, by content.
+        let external_sha256 = hash_contents(&external)?;
+        inputs.extend(deps);
 
         let mut jobs = Vec::new();
         for target in module_targets(manifest, module, config) {
             let mut key = Sha256::new();
             for part in [
                 CACHE_VERSION,
-                &toolchain.version,
+                &toolchain_id,
                 &target.to_string(),
                 &source_sha256,
+                &external_sha256,
             ] {
                 key.update(part.as_bytes());
                 key.update([0]);
@@ -250,7 +312,7 @@ fn compile_one(
     } else {
         "-cubin"
     };
-    let output = Command::new(toolchain.nvcc())
+    let output = nvcc_command(toolchain)
         .arg(mode)
         .arg(format!("-arch={}", job.target))
         .args(COMMON_FLAGS)

@@ -158,7 +158,7 @@ pub enum BuildError {
     Lock(#[from] LockError),
     #[error("{path}: no lock file; create it with `make lock` (AOT_UPDATE_LOCK=1 cargo build) and commit it")]
     LockMissing { path: PathBuf },
-    #[error("{path}: {n} image(s) differ from the lock:\n{diff}\nIf the change is intended (a kernel or flag changed), run `make lock` and commit aot-manifest.lock; otherwise the toolchain is not the pinned one or the build is not deterministic.", n = diffs.len(), diff = diffs.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n"))]
+    #[error("{path}: {n} difference(s) from the lock:\n{diff}\nIf the change is intended (a kernel or flag changed), run `make lock` and commit aot-manifest.lock; otherwise the toolchain is not the pinned one or the build is not deterministic.", n = diffs.len(), diff = diffs.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n"))]
     LockMismatch { path: PathBuf, diffs: Vec<LockDiff> },
     #[error("refusing to write the lock: {0}")]
     LockRefused(String),
@@ -189,6 +189,12 @@ pub enum BuildError {
     Compile {
         module: String,
         target: Target,
+        source_path: PathBuf,
+        stderr: String,
+    },
+    #[error("module {module}: {} failed to preprocess (`nvcc -M`, listing its includes):\n{stderr}", source_path.display())]
+    Dependencies {
+        module: String,
         source_path: PathBuf,
         stderr: String,
     },

@@ -222,7 +222,7 @@ fn hand_edited_lock_hash_gives_a_readable_diff() {
     image.sha256 = "0".repeat(64);
     std::fs::write(&lock_path, lock.to_toml_string()).unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("1 image(s) differ from the lock"), "{err}");
+    assert!(err.contains("1 difference(s) from the lock"), "{err}");
     assert!(
         err.contains(&format!("rotary sm_90: lock sha256 {} ", "0".repeat(64))),
         "{err}"

@@ -283,10 +283,12 @@ fn arch_specific_and_family_variants() {
         ("9.0", false, "sm_90 sm_90a", Ok("sm_90a")),
         ("9.0", false, "sm_90a", Ok("sm_90a")),
         ("10.3", false, "sm_100a compute_80@9.0", Ok("compute_80")),
-        // `f`: the family, same major and minor >= its own, on desktop.
+        // `f`: the family, same major and minor >= its own, integrated members included.
         ("10.0", false, "sm_100f", Ok("sm_100f")),
         ("10.3", false, "sm_100f", Ok("sm_100f")),
         ("10.3", false, "sm_100f sm_103", Ok("sm_103")),
+        ("12.1", true, "sm_120f compute_80@9.0", Ok("sm_120f")),
+        ("12.1", true, "sm_120 compute_80@9.0", Ok("compute_80")),
         (
             "11.0",
             true,

@@ -6,6 +6,8 @@
 //   x[i + rot_dim/2] = bf16(x2 * c_i + x1 * s_i)
 // Dimensions at and past rot_dim are left as they are (partial rotary: Qwen3.5 rotates 64 of 256).
 // cos_sin is fp32 [max_position, rot_dim]: cos for the first rot_dim/2, sin for the rest.
+// A position outside [0, max_position) is a bug upstream that would read past the table: the
+// kernel traps, so the launch fails loudly (the context is then lost) instead of rotating by garbage.
 // Grid: one block per token; threads stride over (head, i) pairs of q then k.
 #include "aot_common.cuh"
 
@@ -24,11 +26,13 @@ __device__ __forceinline__ void rotate(__nv_bfloat16* head, const float* cos_sin
 
 extern "C" __global__ void rotary_neox_bf16(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
                                             const int* __restrict__ positions, const float* __restrict__ cos_sin,
-                                            int num_q_heads, int num_kv_heads, int head_dim, int rot_dim,
+                                            int max_position, int num_q_heads, int num_kv_heads, int head_dim, int rot_dim,
                                             int q_token_stride, int k_token_stride) {
     const int token = blockIdx.x;
     const int half = rot_dim / 2;
-    const float* cs = cos_sin + static_cast<int64_t>(positions[token]) * rot_dim;
+    const int position = positions[token];
+    if (position < 0 || position >= max_position) __trap();
+    const float* cs = cos_sin + static_cast<int64_t>(position) * rot_dim;
     __nv_bfloat16* q_tok = q + static_cast<int64_t>(token) * q_token_stride;
     __nv_bfloat16* k_tok = k + static_cast<int64_t>(token) * k_token_stride;
 

@@ -1,6 +1,7 @@
 //! Which image of a module runs on a given device and driver: a pure decision, no GPU needed.
 //!
-//! Order (policy `auto`): exact SASS -> compatible SASS (same major, lower minor, desktop only)
+//! Order (policy `auto`): exact SASS -> compatible SASS (same major, lower minor; baseline
+//! cubins on desktop GPUs only, family `f` cubins on every member of the family)
 //! -> the PTX with the highest virtual architecture not above the GPU whose ISA the driver
 //! knows -> an error naming the images present and what this device would need.
 
@@ -168,7 +169,7 @@ pub fn max_ptx_isa_for_driver(driver: Version) -> Option<(u32, u32)> {
 pub enum Reason {
     /// SASS built for exactly this capability.
     ExactSass,
-    /// SASS of the same major and a lower minor (desktop GPUs only).
+    /// SASS of the same major and a lower minor (baseline on desktop GPUs only; family anywhere).
     CompatibleSass,
     /// PTX the driver compiles at load; `forced` when the policy was `ptx-only`.
     PtxJit {
@@ -233,13 +234,15 @@ fn sass_fit(target: Target, device: &DeviceSpec) -> Option<Reason> {
     if (major, minor) == (cap.major, cap.minor) {
         return Some(Reason::ExactSass);
     }
-    // Minor-version cubin compatibility is documented for desktop GPUs only (cuda-targets.md:
-    // an sm_80 cubin did not load on Orin), and never crosses a major.
+    // Never across a major. Baseline minor-version compatibility is documented for desktop GPUs
+    // only (cuda-targets.md: an sm_80 cubin did not load on Orin); family (`f`) code is built to
+    // run on every member of its family, integrated ones included.
     let same_major_lower_minor = major == cap.major && minor < cap.minor;
     match target.variant {
-        Variant::Baseline | Variant::Family if same_major_lower_minor && !device.integrated => {
+        Variant::Baseline if same_major_lower_minor && !device.integrated => {
             Some(Reason::CompatibleSass)
         }
+        Variant::Family if same_major_lower_minor => Some(Reason::CompatibleSass),
         _ => None,
     }
 }

@@ -42,8 +42,8 @@ pub fn silu_and_mul(
             message: format!("rows {rows} x d {d}: rows must be 1..=65535 and d > 0"),
         });
     }
-    check_len(op, "out", out, rows * d)?;
-    check_len(op, "input", input, rows * 2 * d)?;
+    check_len(op, "out", out, &[rows, d])?;
+    check_len(op, "input", input, &[rows, 2, d])?;
     let d_i32 = to_i32(op, "d", 2 * d)? / 2;
     let cfg = LaunchConfig {
         grid_dim: (d.div_ceil(8 * THREADS) as u32, rows as u32, 1),

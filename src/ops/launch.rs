@@ -1,5 +1,5 @@
 //! The one thin layer that launches kernels: shape checks, then the unsafe driver launch.
-//! Typed launchers in the op modules build on [`Launch`]; nothing above them sees raw pointers.
+//! Typed launchers in the op modules build on [`launch`]; nothing above them sees raw pointers.
 
 use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
@@ -27,12 +27,15 @@ pub enum OpsError {
     },
 }
 
+/// Checks that `slice` holds at least the elements of the shape `dims` (an overflowing shape is
+/// an error too, so a wrapped product can never let a small buffer pass).
 pub(crate) fn check_len<T>(
     op: &'static str,
     what: &str,
     slice: &CudaSlice<T>,
-    want: usize,
+    dims: &[usize],
 ) -> Result<(), OpsError> {
+    let want = elements(op, what, dims)?;
     if slice.len() < want {
         return Err(OpsError::Shape {
             op,
@@ -43,6 +46,16 @@ pub(crate) fn check_len<T>(
         });
     }
     Ok(())
+}
+
+/// The number of elements of a shape, or a shape error if it does not fit in memory.
+pub(crate) fn elements(op: &'static str, what: &str, dims: &[usize]) -> Result<usize, OpsError> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| OpsError::Shape {
+            op,
+            message: format!("`{what}` of shape {dims:?} overflows the address space"),
+        })
 }
 
 pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, OpsError> {

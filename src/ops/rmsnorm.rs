@@ -93,9 +93,9 @@ pub fn rmsnorm(
     p: &RmsNormParams,
 ) -> Result<(), OpsError> {
     let cfg = config(p)?;
-    check_len("rmsnorm", "out", out, p.rows * p.hidden)?;
-    check_len("rmsnorm", "x", x, p.rows * p.hidden)?;
-    check_len("rmsnorm", "weight", weight, p.hidden)?;
+    check_len("rmsnorm", "out", out, &[p.rows, p.hidden])?;
+    check_len("rmsnorm", "x", x, &[p.rows, p.hidden])?;
+    check_len("rmsnorm", "weight", weight, &[p.hidden])?;
     let hidden = to_i32("rmsnorm", "hidden", p.hidden)?;
     launch(
         kernels,
@@ -124,9 +124,14 @@ pub fn fused_add_rmsnorm(
     p: &RmsNormParams,
 ) -> Result<(), OpsError> {
     let cfg = config(p)?;
-    check_len("fused_add_rmsnorm", "x", x, p.rows * p.hidden)?;
-    check_len("fused_add_rmsnorm", "residual", residual, p.rows * p.hidden)?;
-    check_len("fused_add_rmsnorm", "weight", weight, p.hidden)?;
+    check_len("fused_add_rmsnorm", "x", x, &[p.rows, p.hidden])?;
+    check_len(
+        "fused_add_rmsnorm",
+        "residual",
+        residual,
+        &[p.rows, p.hidden],
+    )?;
+    check_len("fused_add_rmsnorm", "weight", weight, &[p.hidden])?;
     let hidden = to_i32("fused_add_rmsnorm", "hidden", p.hidden)?;
     launch(
         kernels,

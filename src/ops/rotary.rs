@@ -82,7 +82,9 @@ pub fn rotary_neox_reference(
 }
 
 /// Applies NeoX rotary in place on the GPU. `q`, `k` are contiguous per token; `positions` holds
-/// `tokens` positions, each below `max_position`, the number of rows in `cos_sin`.
+/// `tokens` positions, each below `max_position`, the number of rows in `cos_sin`. Positions live
+/// on the device, so they are checked there: one out of range makes the kernel trap (the launch
+/// fails and the CUDA context is lost) rather than read past the table.
 pub fn rotary_neox(
     kernels: &LoadedKernels,
     q: &mut CudaSlice<bf16>,
@@ -99,10 +101,10 @@ pub fn rotary_neox(
             message: format!("{p:?}: need tokens > 0 and an even rot_dim in 2..=head_dim"),
         });
     }
-    check_len(op, "q", q, p.tokens * p.q_heads * p.head_dim)?;
-    check_len(op, "k", k, p.tokens * p.kv_heads * p.head_dim)?;
-    check_len(op, "positions", positions, p.tokens)?;
-    check_len(op, "cos_sin", cos_sin, max_position * p.rot_dim)?;
+    check_len(op, "q", q, &[p.tokens, p.q_heads, p.head_dim])?;
+    check_len(op, "k", k, &[p.tokens, p.kv_heads, p.head_dim])?;
+    check_len(op, "positions", positions, &[p.tokens])?;
+    check_len(op, "cos_sin", cos_sin, &[max_position, p.rot_dim])?;
     let cfg = LaunchConfig {
         grid_dim: (
             u32::try_from(p.tokens).map_err(|_| OpsError::Shape {
@@ -132,6 +134,7 @@ pub fn rotary_neox(
             Arg::Out(k),
             Arg::InI32(positions),
             Arg::InF32(cos_sin),
+            Arg::I32(to_i32(op, "max_position", max_position)?),
             Arg::I32(to_i32(op, "q_heads", p.q_heads)?),
             Arg::I32(to_i32(op, "kv_heads", p.kv_heads)?),
             Arg::I32(to_i32(op, "head_dim", p.head_dim)?),
