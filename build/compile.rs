@@ -76,19 +76,6 @@ fn include_dir(config: &Config) -> PathBuf {
     config.project_root.join("kernels/include")
 }
 
-/// nvcc with the environment variables that would change its output cleared: the build's flags
-/// are the manifest's alone, so the cache key and the lock describe what was really run.
-pub fn nvcc_command(toolchain: &Toolchain) -> Command {
-    let mut cmd = Command::new(toolchain.nvcc());
-    for var in NVCC_ENV_CLEARED {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
-/// nvcc reads extra flags and the host compiler from these.
-const NVCC_ENV_CLEARED: &[&str] = &["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"];
-
 /// Every file the module's source includes, as nvcc's preprocessor finds them (`nvcc -M`):
 /// the project's headers and the toolkit's and system's.
 fn dependencies(
@@ -97,7 +84,8 @@ fn dependencies(
     module: &fatbin_verify::manifest::Module,
     source: &Path,
 ) -> Result<Vec<PathBuf>, BuildError> {
-    let out = nvcc_command(toolchain)
+    let out = toolchain
+        .nvcc_command()
         .args(["-M", "-x", "cu", "-std=c++17"])
         .arg("-I")
         .arg(include_dir(config))
@@ -312,7 +300,8 @@ fn compile_one(
     } else {
         "-cubin"
     };
-    let output = nvcc_command(toolchain)
+    let output = toolchain
+        .nvcc_command()
         .arg(mode)
         .arg(format!("-arch={}", job.target))
         .args(COMMON_FLAGS)

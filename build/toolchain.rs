@@ -45,6 +45,24 @@ impl Toolchain {
     pub fn fatbinary(&self) -> PathBuf {
         self.bin.join("fatbinary")
     }
+
+    /// A command running this toolchain's nvcc; see [`nvcc_command`].
+    pub fn nvcc_command(&self) -> Command {
+        nvcc_command(&self.nvcc())
+    }
+}
+
+/// nvcc reads extra flags and the host compiler from these.
+const NVCC_ENV_CLEARED: &[&str] = &["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"];
+
+/// nvcc with the environment variables that would change its behaviour cleared: the build's
+/// flags are the manifest's alone, so the cache key and the lock describe what really ran.
+fn nvcc_command(nvcc: &Path) -> Command {
+    let mut cmd = Command::new(nvcc);
+    for var in NVCC_ENV_CLEARED {
+        cmd.env_remove(var);
+    }
+    cmd
 }
 
 /// The folder the project-local toolchain's binaries land in.
@@ -97,7 +115,7 @@ pub fn find(
 fn probe(bin: PathBuf, source: ToolchainSource) -> Result<Toolchain, BuildError> {
     let nvcc = bin.join("nvcc");
     let run = |arg: &str| -> Result<String, BuildError> {
-        let out = Command::new(&nvcc).arg(arg).output().map_err(|e| {
+        let out = nvcc_command(&nvcc).arg(arg).output().map_err(|e| {
             BuildError::Toolchain(format!("{}: cannot run `nvcc {arg}`: {e}", nvcc.display()))
         })?;
         if !out.status.success() {

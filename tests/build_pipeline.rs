@@ -453,3 +453,13 @@ fn per_module_arch_specific_and_family_targets_keep_the_ptx_fallback() {
         .collect();
     assert_eq!(listed, ["sm_90a", "sm_100f", "compute_80"]);
 }
+
+#[test]
+fn nvcc_environment_flags_do_not_reach_the_compiler() {
+    // nvcc appends NVCC_APPEND_FLAGS to every command line; the build clears it so the images
+    // (and their cache keys) depend on the manifest alone. Set for this whole test process: any
+    // build here that let it through would fail on the unknown flag.
+    std::env::set_var("NVCC_APPEND_FLAGS", "--no-such-nvcc-flag");
+    let out = Project::new(|m| m).build(&["sm_90"]).unwrap();
+    assert_eq!(out.lock_status, LockStatus::Verified { partial: true });
+}
