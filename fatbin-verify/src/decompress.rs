@@ -14,8 +14,15 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// 1 GiB: far above any real fatbin (a few MB) and far below what would hurt a build machine.
-    pub const DEFAULT_MAX_DECOMPRESSED_TOTAL: u64 = 1 << 30;
+    /// 512 MiB: far above any real fatbin (a few MB) and far below what would hurt a build machine.
+    pub const DEFAULT_MAX_DECOMPRESSED_TOTAL: u64 = 512 << 20;
+}
+
+/// Largest uncompressed size an entry may declare for `compressed` stored bytes: 256:1 plus
+/// 1 MiB. Real payloads compress about 5:1; without a ratio cap a few KiB of zstd RLE blocks
+/// could make one call spend the whole budget in allocation and decoding.
+pub(crate) fn max_uncompressed_for(compressed: u64) -> u64 {
+    compressed.saturating_mul(256).saturating_add(1 << 20)
 }
 
 impl Default for Limits {

@@ -196,6 +196,17 @@ impl<'a> Entry<'a> {
                 "payload is flagged compressed but the uncompressed size at +0x38 is 0",
             ));
         }
+        let cap = decompress::max_uncompressed_for(u64::from(self.compressed_size));
+        if self.uncompressed_size > cap {
+            return Err(Error::malformed(
+                "fatbin entry",
+                self.offset,
+                format!(
+                    "uncompressed size {:#x} at +0x38 is over the cap of {cap:#x} bytes for the {:#x} compressed bytes at +0x10 (256 times the compressed size plus 1 MiB)",
+                    self.uncompressed_size, self.compressed_size
+                ),
+            ));
+        }
         let input =
             bytes_at(self.payload, 0, u64::from(self.compressed_size), WHAT).map_err(|_| {
                 Error::malformed(
@@ -234,6 +245,38 @@ pub fn is_container_at(buf: &[u8], offset: usize) -> bool {
         .checked_add(CONTAINER_SIGNATURE.len())
         .and_then(|end| buf.get(offset..end))
         == Some(&CONTAINER_SIGNATURE[..])
+}
+
+/// Whether the bytes at `offset` look like a real container and not a chance match of the
+/// signature (say, the signature constant in a host binary's `.rodata` or `.text`): the body
+/// fits in the buffer and holds at least one entry whose header is consistent with it. Cheap:
+/// reads the two headers only.
+pub(crate) fn is_plausible_container(buf: &[u8], offset: usize) -> bool {
+    plausible_container(buf, offset).is_some()
+}
+
+fn plausible_container(buf: &[u8], offset: usize) -> Option<()> {
+    const ENTRY_MARKER: u16 = 0x0101;
+    if !is_container_at(buf, offset) {
+        return None;
+    }
+    let body_size = u64_at(buf, offset.checked_add(8)?, "").ok()?;
+    let body_start = offset.checked_add(CONTAINER_HEADER_LEN)?;
+    let end = offset_add(body_start, body_size, "").ok()?;
+    if end > buf.len() || body_size < u64::from(ENTRY_HEADER_MIN) {
+        return None;
+    }
+    let entry = bytes_at(buf, body_start, u64::from(ENTRY_HEADER_MIN), "").ok()?;
+    let marker = u16_at(entry, 0x02, "").ok()?;
+    let header_size = u32_at(entry, 0x04, "").ok()?;
+    let padded_size = u64_at(entry, 0x08, "").ok()?;
+    let compressed_size = u32_at(entry, 0x10, "").ok()?;
+    let entry_len = padded_size.checked_add(u64::from(header_size))?;
+    (marker == ENTRY_MARKER
+        && header_size >= ENTRY_HEADER_MIN
+        && entry_len <= body_size
+        && u64::from(compressed_size) <= padded_size)
+        .then_some(())
 }
 
 /// Parses the container whose header starts at `offset` and every entry in it.
@@ -406,8 +449,8 @@ fn string_in_header<'a>(
     Ok(crate::read::until_nul(bytes))
 }
 
-/// Parses a fatbin file: containers back to back, each 8-byte aligned; zero padding after the
-/// last one is allowed, anything else is an error.
+/// Parses a fatbin file: containers back to back, each 8-byte aligned with zero bytes in any
+/// gap before it; zero padding after the last one is allowed, anything else is an error.
 pub fn parse_fatbin(buf: &[u8]) -> Result<Vec<(Container, Vec<Entry<'_>>)>, Error> {
     if buf.is_empty() {
         return Err(Error::Empty);
@@ -422,6 +465,19 @@ pub fn parse_fatbin(buf: &[u8]) -> Result<Vec<(Container, Vec<Entry<'_>>)>, Erro
         let (container, entries) = parse_container(buf, cursor)?;
         // Round the end up to 8; `end <= buf.len()` so this cannot overflow past usize.
         cursor = container.end.saturating_add(7) & !7;
+        let gap = buf
+            .get(container.end..cursor.min(buf.len()))
+            .unwrap_or_default();
+        if let Some((bad, byte)) = gap.iter().enumerate().find(|&(_, &b)| b != 0) {
+            return Err(Error::malformed(
+                "fatbin container",
+                container.end + bad,
+                format!(
+                    "byte {byte:#04x} in the alignment gap after the container at {:#x} (which ends at {:#x}); expected zero up to the next 8-byte boundary {cursor:#x}",
+                    container.offset, container.end
+                ),
+            ));
+        }
         containers.push((container, entries));
     }
     Ok(containers)

@@ -4,7 +4,8 @@
 //! signature instead of following `.nvFatBinSegment` pointers, which are relocations in `.o`
 //! files and absent when a fatbin is embedded with `include_bytes!`.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::ops::Range;
 
 use memchr::memmem;
@@ -56,44 +57,98 @@ pub(crate) struct Place {
     pub section: Option<String>,
 }
 
-/// A byte range of the input to scan and what it is.
+/// Sections that hold nothing but containers: a signature there is a container, and one that
+/// does not parse is an error rather than a chance match.
+const FATBIN_SECTIONS: [&str; 2] = [".nv_fatbin", "__nv_relfatbin"];
+
+/// A byte range of the input and what it is.
 #[derive(Debug, Clone)]
 struct Region {
     range: Range<usize>,
     place: Place,
+    /// An archive member that is a raw fatbin when it starts with a container.
+    raw_member: bool,
 }
 
-/// Offsets of every container start in a host file (ELF, archive or unknown), in file order,
-/// each with the member and section it was found in.
-pub(crate) fn find_containers(
-    bytes: &[u8],
-    format: InputFormat,
-) -> Result<Vec<(usize, Place)>, Error> {
-    let mut regions = match format {
-        InputFormat::Elf => elf_regions(bytes, 0, None)?,
-        InputFormat::Archive => archive_regions(bytes)?,
-        _ => Vec::new(),
-    };
-    // Last, the whole file: data outside every section (appended after an ELF, say) is found
-    // too, while containers already found keep the section and member they were found in.
-    regions.push(Region {
-        range: 0..bytes.len(),
-        place: Place::default(),
-    });
-    let finder = memmem::Finder::new(&CONTAINER_SIGNATURE);
-    // Keyed by offset: overlapping sections must not report one container twice.
-    let mut found: BTreeMap<usize, Place> = BTreeMap::new();
-    for region in regions {
-        let Some(data) = bytes.get(region.range.clone()) else {
-            continue;
+/// One occurrence of the container signature in a host file.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hit<'r> {
+    pub offset: usize,
+    /// The smallest section or member holding it (ties: the one starting first, then the one
+    /// listed first); the default place when it lies outside all of them.
+    pub place: &'r Place,
+    /// In a fatbin section, or at the start of a raw-fatbin archive member: it must parse.
+    /// Elsewhere it may be a chance match and is a container only if it looks like one.
+    pub strict: bool,
+}
+
+/// The sections and members of a host file (ELF, archive or unknown) that signature hits are
+/// labelled with.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    /// Sorted by start.
+    regions: Vec<Region>,
+    outside: Place,
+}
+
+impl Layout {
+    pub(crate) fn new(bytes: &[u8], format: InputFormat) -> Result<Self, Error> {
+        let mut regions = match format {
+            InputFormat::Elf => elf_regions(bytes, 0, None)?,
+            InputFormat::Archive => archive_regions(bytes)?,
+            _ => Vec::new(),
         };
-        for rel in finder.find_iter(data) {
-            found
-                .entry(region.range.start + rel)
-                .or_insert_with(|| region.place.clone());
-        }
+        regions.sort_by_key(|r| r.range.start);
+        Ok(Layout {
+            regions,
+            outside: Place::default(),
+        })
     }
-    Ok(found.into_iter().collect())
+
+    /// Every signature hit in file order. The file is scanned once, whatever the number of
+    /// sections: a hostile ELF with thousands of sections all covering the whole file costs
+    /// one pass plus a heap operation per section, not one pass per section.
+    pub(crate) fn hits<'s>(&'s self, bytes: &'s [u8]) -> impl Iterator<Item = Hit<'s>> + 's {
+        let regions = &self.regions;
+        let mut pending = regions.iter().enumerate().peekable();
+        // Regions that start at or before the current hit, smallest first; those that end
+        // before it are dropped when they reach the top (hits only move forward).
+        let mut open: BinaryHeap<Reverse<(usize, usize, usize)>> = BinaryHeap::new();
+        memmem::find_iter(bytes, &CONTAINER_SIGNATURE).map(move |offset| {
+            while let Some((index, region)) = pending.next_if(|(_, r)| r.range.start <= offset) {
+                open.push(Reverse((region.range.len(), region.range.start, index)));
+            }
+            let mut holder = None;
+            while let Some(&Reverse((_, _, index))) = open.peek() {
+                match regions.get(index) {
+                    Some(region) if region.range.end > offset => {
+                        holder = Some(region);
+                        break;
+                    }
+                    _ => {
+                        open.pop();
+                    }
+                }
+            }
+            match holder {
+                Some(region) => Hit {
+                    offset,
+                    place: &region.place,
+                    strict: region
+                        .place
+                        .section
+                        .as_deref()
+                        .is_some_and(|name| FATBIN_SECTIONS.contains(&name))
+                        || (region.raw_member && offset == region.range.start),
+                },
+                None => Hit {
+                    offset,
+                    place: &self.outside,
+                    strict: false,
+                },
+            }
+        })
+    }
 }
 
 /// The file ranges of every section with contents, offsets made absolute by `base`.
@@ -114,6 +169,7 @@ fn elf_regions(bytes: &[u8], base: usize, member: Option<&str>) -> Result<Vec<Re
                 member: member.map(str::to_string),
                 section: Some(String::from_utf8_lossy(section.name).into_owned()),
             },
+            raw_member: false,
         });
     }
     Ok(regions)
@@ -150,18 +206,20 @@ fn archive_regions(bytes: &[u8]) -> Result<Vec<Region>, Error> {
             .filter(|&e| e <= bytes.len())
             .ok_or_else(bad)?;
         let data = bytes.get(start..end).ok_or_else(bad)?;
-        if crate::elf::is_elf64_le(data) && !crate::cubin::is_cubin(data) {
+        let split = crate::elf::is_elf64_le(data) && !crate::cubin::is_cubin(data);
+        if split {
             let sub = bytes.get(..end).unwrap_or(bytes);
             regions.extend(elf_regions(sub, start, Some(&name))?);
-        } else {
-            regions.push(Region {
-                range: start..end,
-                place: Place {
-                    member: Some(name),
-                    section: None,
-                },
-            });
         }
+        // The whole member too, so a hit outside its sections still names the member.
+        regions.push(Region {
+            range: start..end,
+            place: Place {
+                member: Some(name),
+                section: None,
+            },
+            raw_member: !split,
+        });
     }
     Ok(regions)
 }

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::cubin;
 use crate::decompress::{Budget, Limits};
 use crate::error::Error;
-use crate::fatbin::{self, Entry};
+use crate::fatbin::{self, Container, Entry};
 use crate::host::{self, InputFormat, Place};
 use crate::ptx;
 use crate::target::{Target, Variant};
@@ -156,22 +156,35 @@ pub fn list_images_with_limits(bytes: &[u8], limits: &Limits) -> Result<Vec<Imag
         }
         InputFormat::Elf | InputFormat::Archive | InputFormat::Other => {}
     }
-    let mut images = Vec::new();
-    let mut scanned_to = 0usize;
-    let found = host::find_containers(bytes, format)?;
-    for (offset, place) in &found {
-        // A signature inside a container already read (say, a fatbin stored inside a PTX
-        // comment) is part of that container, not a new one.
-        if *offset < scanned_to {
+    let layout = host::Layout::new(bytes, format)?;
+    // First every container, so one that runs over the next is reported as such before any
+    // of its entries is read.
+    let mut containers: Vec<(Container, Vec<Entry<'_>>, &Place)> = Vec::new();
+    for hit in layout.hits(bytes) {
+        if let Some((outer, ..)) = containers.last() {
+            if hit.offset < outer.end {
+                // A chance match inside a container's payload is its data; a real container
+                // there means the outer one's sizes swallow it, hiding its images.
+                if fatbin::is_plausible_container(bytes, hit.offset) {
+                    return Err(Error::malformed(
+                        "fatbin container",
+                        hit.offset,
+                        format!(
+                            "container at {:#x} lies inside the container at {:#x} (which declares {:#x} bytes of entries, ending at {:#x}); expected containers one after another",
+                            hit.offset, outer.offset, outer.body_size, outer.end
+                        ),
+                    ));
+                }
+                continue;
+            }
+        }
+        if !hit.strict && !fatbin::is_plausible_container(bytes, hit.offset) {
             continue;
         }
-        let (container, entries) = fatbin::parse_container(bytes, *offset)?;
-        scanned_to = container.end;
-        for entry in &entries {
-            images.push(entry_info(container.offset, entry, place, &mut budget)?);
-        }
+        let (container, entries) = fatbin::parse_container(bytes, hit.offset)?;
+        containers.push((container, entries, hit.place));
     }
-    if found.is_empty() && format == InputFormat::Other {
+    if containers.is_empty() && format == InputFormat::Other {
         let head = bytes
             .iter()
             .take(8)
@@ -182,6 +195,12 @@ pub fn list_images_with_limits(bytes: &[u8], limits: &Limits) -> Result<Vec<Imag
             len: bytes.len(),
             head,
         });
+    }
+    let mut images = Vec::new();
+    for (container, entries, place) in &containers {
+        for entry in entries {
+            images.push(entry_info(container.offset, entry, place, &mut budget)?);
+        }
     }
     Ok(images)
 }
@@ -308,6 +327,17 @@ fn entry_info(
     match entry.kind {
         ImageKind::Elf => {
             let cubin = cubin::parse_cubin(&payload).map_err(|e| in_entry(entry, e))?;
+            // The entry header is not covered by the image hash; the cubin is.
+            if entry.sm != 0 && entry.sm != cubin.target.sm {
+                return Err(Error::malformed(
+                    "fatbin entry",
+                    entry.offset,
+                    format!(
+                        "header says sm_{} at +0x1c, but its cubin's e_flags {:#010x} say sm_{}",
+                        entry.sm, cubin.e_flags, cubin.target.sm
+                    ),
+                ));
+            }
             // The fatbin header carries `f`, which a cubin cannot; `a` may be in either.
             if cubin.compat_arch_specific == Some(true)
                 || cubin.target.variant == Variant::ArchSpecific
@@ -326,10 +356,21 @@ fn entry_info(
         kind if kind.is_ptx_text() => {
             let text = ptx::ptx_identity(&payload);
             let parsed = ptx::parse_ptx(text);
-            info.ptx_version = if entry.major != 0 {
-                Some((u32::from(entry.major), u32::from(entry.minor)))
-            } else {
-                parsed.version
+            let header_version =
+                (entry.major != 0).then(|| (u32::from(entry.major), u32::from(entry.minor)));
+            // The text is hashed, the header is not: the text's `.version` is the truth.
+            info.ptx_version = match (parsed.version, header_version) {
+                (Some(text), Some(header)) if text != header => {
+                    return Err(Error::malformed(
+                        "fatbin entry",
+                        entry.offset,
+                        format!(
+                            "header says PTX ISA {}.{} at +0x1a/+0x18, but its text says `.version {}.{}`",
+                            header.0, header.1, text.0, text.1
+                        ),
+                    ))
+                }
+                (text, header) => text.or(header),
             };
             if info.target.is_none() {
                 info.target = parsed.target;
@@ -340,12 +381,56 @@ fn entry_info(
         }
         _ => info.size = payload.len(),
     }
+    check_padding(entry, info.kind, info.size)?;
     let identity = payload.get(..info.size).unwrap_or(&payload);
     info.sha256 = digest(identity);
     if let Cow::Borrowed(_) = payload {
         info.raw_range = Some(entry.payload_offset..entry.payload_offset + info.size);
     }
     Ok(info)
+}
+
+/// Checks the stored bytes after an entry's data: the packer pads with zeros to the next
+/// 8-byte boundary and no further (true of every nvcc/fatbinary output seen), so anything
+/// else is bytes outside the hashed identity that something put there.
+fn check_padding(entry: &Entry<'_>, kind: ImageKind, identity_len: usize) -> Result<(), Error> {
+    // Where the stored data ends: the compressed stream, the cubin's ELF extent, or PTX text
+    // with its NUL. Other kinds have no known end within their padded payload.
+    let data_len = if entry.compression() != Compression::None {
+        entry.compressed_size as usize
+    } else if kind == ImageKind::Elf {
+        identity_len
+    } else if kind.is_ptx_text() && identity_len < entry.payload.len() {
+        identity_len + 1
+    } else {
+        return Ok(());
+    };
+    let padding = entry.payload.get(data_len..).unwrap_or_default();
+    if padding.len() > 7 {
+        return Err(Error::malformed(
+            "fatbin entry",
+            entry.offset,
+            format!(
+                "padded payload size {:#x} at +0x08 leaves {:#x} bytes after its {:#x} bytes of {} data; expected at most 7 (padding to 8)",
+                entry.padded_size,
+                padding.len(),
+                data_len,
+                kind.name()
+            ),
+        ));
+    }
+    if let Some((at, byte)) = padding.iter().enumerate().find(|&(_, &b)| b != 0) {
+        return Err(Error::malformed(
+            "fatbin entry",
+            entry.offset,
+            format!(
+                "padding byte at {:#x} (after its {data_len:#x} bytes of {} data) is {byte:#04x}, expected 0",
+                entry.payload_offset + data_len + at,
+                kind.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn bare_cubin(bytes: &[u8]) -> Result<ImageInfo, Error> {

@@ -2,7 +2,7 @@
 //! offset), never a panic, and never an allocation of a size a header merely claims.
 
 use fatbin_verify::cubin::parse_cubin;
-use fatbin_verify::fatbin::{parse_container, parse_fatbin, Flags};
+use fatbin_verify::fatbin::{parse_container, parse_fatbin, Flags, CONTAINER_SIGNATURE};
 use fatbin_verify::{
     image_bytes, list_images, list_images_with_limits, Compression, Error, ImageKind, Limits,
     Target, Variant,
@@ -327,7 +327,7 @@ fn zstd_rle(n: u32) -> Vec<u8> {
 
 #[test]
 fn zstd_bomb_errors_instead_of_allocating() {
-    // Declared 1 TiB: refused by the default 1 GiB limit before any decoding.
+    // Declared 1 TiB from 41 bytes: refused by the ratio cap before any decoding.
     let frame = zstd_rle(1 << 20);
     let spec = EntrySpec {
         flags: Flags::ZSTD | 1,
@@ -337,14 +337,11 @@ fn zstd_bomb_errors_instead_of_allocating() {
         ..Default::default()
     };
     let err = list_images(&container(&[spec.bytes()])).unwrap_err();
-    assert_eq!(
-        err,
-        Error::TooLarge {
-            what: "fatbin entry payload",
-            offset: 0x50,
-            size: 1 << 40,
-            limit: 1 << 30
-        }
+    let (what, offset, detail) = malformed_detail(&err);
+    assert_eq!((what, offset), ("fatbin entry", 0x10));
+    assert!(
+        detail.starts_with("uncompressed size 0x10000000000 at +0x38 is over the cap of 0x102900 bytes for the 0x29 compressed bytes"),
+        "{detail}"
     );
     // Declared small but the frame really holds 1 MiB: output is cut at the declared size.
     let spec = EntrySpec {
@@ -391,6 +388,18 @@ fn lz4_bomb_errors_instead_of_allocating() {
         uncompressed_size: u64::MAX,
         payload: block,
         ..Default::default()
+    };
+    let err = list_images(&container(&[spec.bytes()])).unwrap_err();
+    assert!(
+        malformed_detail(&err)
+            .2
+            .contains("is over the cap of 0x100800 bytes for the 0x8 compressed bytes"),
+        "{err}"
+    );
+    // Under the ratio cap but over what LZ4 can expand 8 bytes to.
+    let spec = EntrySpec {
+        uncompressed_size: 8 * 255 + 17,
+        ..spec
     };
     let err = list_images(&container(&[spec.bytes()])).unwrap_err();
     assert!(
@@ -634,4 +643,397 @@ fn image_bytes_refuses_a_foreign_image_info() {
         image_bytes(&bytes, &info),
         Err(Error::ImageNotFound { .. })
     ));
+}
+
+// ---- Regressions from the parser review ----
+
+/// An ELF64 (x86-64) whose section table follows `data`; each section is `(name, offset, size)`
+/// with names resolved through a `.shstrtab` added as section 1. A size of `usize::MAX` means
+/// "the whole file".
+fn elf_with_sections(data: &[u8], sections: &[(&str, usize, usize)]) -> Vec<u8> {
+    let mut names = b"\0.shstrtab\0".to_vec();
+    let mut name_offsets = std::collections::HashMap::new();
+    for (name, ..) in sections {
+        name_offsets.entry(*name).or_insert_with(|| {
+            let at = names.len();
+            names.extend_from_slice(name.as_bytes());
+            names.push(0);
+            at
+        });
+    }
+    let mut f = elf_header(62, 0, 0);
+    let names_off = f.len();
+    f.extend_from_slice(&names);
+    let data_off = f.len();
+    f.extend_from_slice(data);
+    f.resize(f.len().div_ceil(8) * 8, 0);
+    let shoff = f.len();
+    let count = sections.len() + 2;
+    let file_len = shoff + count * 64;
+    let header = |name: usize, ty: u32, off: usize, size: usize| {
+        let mut s = vec![0u8; 64];
+        s[0..4].copy_from_slice(&(name as u32).to_le_bytes());
+        s[4..8].copy_from_slice(&ty.to_le_bytes());
+        s[0x18..0x20].copy_from_slice(&(off as u64).to_le_bytes());
+        s[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
+        s
+    };
+    f.extend(header(0, 0, 0, 0));
+    f.extend(header(1, 3, names_off, names.len()));
+    for (name, off, size) in sections {
+        let (off, size) = if *size == usize::MAX {
+            (0, file_len)
+        } else {
+            (data_off + off, *size)
+        };
+        f.extend(header(name_offsets[name], 1, off, size));
+    }
+    assert_eq!(f.len(), file_len);
+    set_u64(&mut f, 0x28, shoff as u64);
+    f[0x3c..0x3e].copy_from_slice(&(count as u16).to_le_bytes());
+    f[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+    f
+}
+
+/// Offset of the first container signature in `bytes`.
+fn signature_at(bytes: &[u8]) -> usize {
+    bytes
+        .windows(8)
+        .position(|w| w == CONTAINER_SIGNATURE)
+        .expect("a signature")
+}
+
+#[test]
+fn many_sections_over_the_whole_file_are_one_scan_and_the_smallest_names_a_hit() {
+    // 16,000 sections all covering the 1 MiB file, listed before the one small section that
+    // really holds the fatbin, plus 2,000 chance signatures outside any container. Scanning
+    // each section's range took N x file size; one scan labels each hit by its smallest section.
+    let fatbin = container(&[EntrySpec::default().bytes()]);
+    let mut data = Vec::new();
+    for _ in 0..2000 {
+        data.extend_from_slice(&CONTAINER_SIGNATURE);
+        data.extend_from_slice(&[0xff; 8]);
+    }
+    let fatbin_at = data.len();
+    data.extend_from_slice(&fatbin);
+    let mut sections = vec![(".big", 0, usize::MAX); 16_000];
+    sections.push((".rodata", fatbin_at, fatbin.len()));
+    let elf = elf_with_sections(&data, &sections);
+    assert!(elf.len() > 1 << 20);
+    let images = list_images(&elf).unwrap();
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0].source.section.as_deref(), Some(".rodata"));
+    assert_eq!(images[0].kernels, ["k"]);
+    // Equal ranges: the section listed first wins, whatever the order of the others.
+    let elf = elf_with_sections(&fatbin, &[(".b", 0, fatbin.len()), (".a", 0, fatbin.len())]);
+    assert_eq!(
+        list_images(&elf).unwrap()[0].source.section.as_deref(),
+        Some(".b")
+    );
+}
+
+#[test]
+fn chance_signatures_outside_fatbin_sections_are_not_containers() {
+    // The signature as a constant in .rodata, followed by unrelated data: 0 images, no error.
+    let mut data = b"some constant data".to_vec();
+    data.extend_from_slice(&CONTAINER_SIGNATURE);
+    data.extend_from_slice(&[0, 0, 0, 0, 0, 0x3c, 0, 0]); // "declares" 0x3c0000000000 bytes
+    data.extend_from_slice(b"more constants follow here, not entries at all ......");
+    assert_eq!(
+        list_images(&elf_with_section(62, ".rodata", &data)).unwrap(),
+        vec![]
+    );
+    // A size that fits, but no entry header after it.
+    let mut small = CONTAINER_SIGNATURE.to_vec();
+    small.extend_from_slice(&0x40u64.to_le_bytes());
+    small.extend_from_slice(&[0x11; 0x40]);
+    assert_eq!(
+        list_images(&elf_with_section(62, ".text", &small)).unwrap(),
+        vec![]
+    );
+    // The same bytes in .nv_fatbin must be a container: the parse failure is reported.
+    let host = elf_with_section(62, ".nv_fatbin", &data);
+    let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin container", signature_at(&host)));
+    assert!(
+        detail.starts_with("declares 0x3c0000000000 bytes of entries"),
+        "{detail}"
+    );
+    // A raw fatbin file stays strict too.
+    let mut raw = CONTAINER_SIGNATURE.to_vec();
+    raw.extend_from_slice(&[0, 0, 0, 0, 0, 0x3c, 0, 0]);
+    assert!(malformed_detail(&list_images(&raw).unwrap_err())
+        .2
+        .starts_with("declares 0x3c0000000000 bytes"));
+}
+
+#[test]
+fn the_built_cli_binary_lists_no_images() {
+    // It carries the signature in .rodata and as an instruction immediate, never a container.
+    let exe = std::fs::read(env!("CARGO_BIN_EXE_fatbin-verify")).unwrap();
+    assert!(exe.windows(8).any(|w| w == CONTAINER_SIGNATURE));
+    assert_eq!(list_images(&exe).unwrap(), vec![]);
+}
+
+/// Container A with one PTX entry `k`, then container B with one PTX entry `hidden`, with A's
+/// body size and its entry's padded size enlarged so that A swallows B.
+fn swallowing_pair() -> (Vec<u8>, usize) {
+    let a = container(&[EntrySpec::default().bytes()]);
+    let b = container(&[EntrySpec {
+        payload: b".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry hidden(\n)\n{\nret;\n}\n\0".to_vec(),
+        ..Default::default()
+    }
+    .bytes()]);
+    let mut both = [a.clone(), b.clone()].concat();
+    assert_eq!(list_images(&both).unwrap().len(), 2);
+    let body = u64::from_le_bytes(both[8..16].try_into().unwrap());
+    let padded = u64::from_le_bytes(both[0x18..0x20].try_into().unwrap());
+    set_u64(&mut both, 8, body + b.len() as u64);
+    set_u64(&mut both, 0x18, padded + b.len() as u64);
+    (both, a.len())
+}
+
+#[test]
+fn a_container_that_swallows_the_next_is_an_error() {
+    let (both, b_at) = swallowing_pair();
+    // Embedded in a host binary: named by both offsets.
+    let host = elf_with_section(62, ".nv_fatbin", &both);
+    let a_at = signature_at(&host);
+    let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin container", a_at + b_at));
+    assert_eq!(
+        detail,
+        format!(
+            "container at {:#x} lies inside the container at {a_at:#x} (which declares {:#x} bytes of entries, ending at {:#x}); expected containers one after another",
+            a_at + b_at,
+            both.len() - 0x10,
+            a_at + both.len()
+        )
+    );
+    // The same in .rodata (plain data): B is plausible, so still an error, not a skip.
+    let host = elf_with_section(62, ".rodata", &both);
+    assert!(malformed_detail(&list_images(&host).unwrap_err())
+        .2
+        .contains("lies inside the container at"));
+    // As a raw fatbin: B is the padding of A's last entry, and padding must be zeros.
+    let (what, offset, detail) = malformed_detail(&list_images(&both).unwrap_err());
+    assert_eq!((what, offset), ("fatbin entry", 0x10));
+    assert!(
+        detail.starts_with("padded payload size 0xf0 at +0x08 leaves 0xa5 bytes after its 0x4b bytes of ptx data; expected at most 7"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_chance_signature_inside_a_container_is_its_data() {
+    // An entry payload holding the signature (PTX text cannot: the signature has a NUL) is
+    // part of that entry, not a second container.
+    let mut payload = b"opaque ".to_vec();
+    payload.extend_from_slice(&CONTAINER_SIGNATURE);
+    payload.extend_from_slice(b" then more opaque bytes");
+    let fatbin = container(&[EntrySpec {
+        kind: 5,
+        payload,
+        ..Default::default()
+    }
+    .bytes()]);
+    let images = list_images(&elf_with_section(62, ".nv_fatbin", &fatbin)).unwrap();
+    assert_eq!(images.len(), 1);
+    assert_eq!(images[0].kind, ImageKind::Unknown(5));
+}
+
+#[test]
+fn padding_after_an_image_must_be_short_and_zero() {
+    // PTX: 74 bytes of text, its NUL, 5 zero bytes to 0x50. One more padding block is too much.
+    let mut long = EntrySpec::default();
+    long.payload.extend_from_slice(&[0; 8]);
+    let err = list_images(&container(&[long.bytes()])).unwrap_err();
+    assert_eq!(
+        malformed_detail(&err).2,
+        "padded payload size 0x58 at +0x08 leaves 0xd bytes after its 0x4b bytes of ptx data; expected at most 7 (padding to 8)"
+    );
+    // A non-zero byte in the padding, after the NUL.
+    let mut bytes = container(&[EntrySpec::default().bytes()]);
+    bytes[0x50 + 0x4d] = b'x';
+    assert_eq!(
+        malformed_detail(&list_images(&bytes).unwrap_err()),
+        (
+            "fatbin entry",
+            0x10,
+            "padding byte at 0x9d (after its 0x4b bytes of ptx data) is 0x78, expected 0".into()
+        )
+    );
+    // A cubin: nothing may follow its ELF extent but padding to 8.
+    let mut cubin = elf_header(190, 8, 0x0600_5004);
+    cubin.extend_from_slice(&[0; 8]);
+    let spec = EntrySpec {
+        kind: 2,
+        minor: 8,
+        major: 1,
+        payload: cubin,
+        ..Default::default()
+    };
+    assert!(
+        malformed_detail(&list_images(&container(&[spec.bytes()])).unwrap_err())
+            .2
+            .contains("leaves 0x8 bytes after its 0x40 bytes of elf data")
+    );
+    // Compressed: padding after the compressed stream only.
+    let frame = zstd_rle(100);
+    let mut payload = frame.clone();
+    payload.resize(frame.len().div_ceil(8) * 8 + 8, 0);
+    let spec = EntrySpec {
+        kind: 8,
+        flags: Flags::ZSTD | 1,
+        compressed_size: frame.len() as u32,
+        uncompressed_size: 100,
+        payload,
+        ..Default::default()
+    };
+    assert!(
+        malformed_detail(&list_images(&container(&[spec.bytes()])).unwrap_err())
+            .2
+            .contains("bytes of lto-ir data; expected at most 7")
+    );
+}
+
+#[test]
+fn ptx_version_comes_from_the_hashed_text() {
+    // Header 8.0, text `.version 9.0`: the header is not covered by the hash, so it may not
+    // contradict the text.
+    let spec = EntrySpec {
+        major: 8,
+        minor: 0,
+        ..Default::default()
+    };
+    assert_eq!(
+        malformed_detail(&list_images(&container(&[spec.bytes()])).unwrap_err()),
+        (
+            "fatbin entry",
+            0x10,
+            "header says PTX ISA 8.0 at +0x1a/+0x18, but its text says `.version 9.0`".into()
+        )
+    );
+    // No version in the header: the text's.
+    let spec = EntrySpec {
+        major: 0,
+        minor: 0,
+        ..Default::default()
+    };
+    let images = list_images(&container(&[spec.bytes()])).unwrap();
+    assert_eq!(images[0].ptx_version, Some((9, 0)));
+    // No `.version` in the text (not real PTX): the header's.
+    let spec = EntrySpec {
+        major: 7,
+        minor: 8,
+        payload: b".target sm_80\n\0".to_vec(),
+        ..Default::default()
+    };
+    let images = list_images(&container(&[spec.bytes()])).unwrap();
+    assert_eq!(images[0].ptx_version, Some((7, 8)));
+}
+
+#[test]
+fn cubin_sm_must_match_the_entry_header() {
+    // 13.0 layout sm_90 cubin (e_flags 0x06005a04) in an entry whose header says sm_80.
+    let spec = EntrySpec {
+        kind: 2,
+        minor: 8,
+        major: 1,
+        sm: 80,
+        payload: elf_header(190, 8, 0x0600_5a04),
+        ..Default::default()
+    };
+    assert_eq!(
+        malformed_detail(&list_images(&container(&[spec.bytes()])).unwrap_err()),
+        (
+            "fatbin entry",
+            0x10,
+            "header says sm_80 at +0x1c, but its cubin's e_flags 0x06005a04 say sm_90".into()
+        )
+    );
+    let spec = EntrySpec { sm: 90, ..spec };
+    let images = list_images(&container(&[spec.bytes()])).unwrap();
+    assert_eq!(images[0].target, Some(Target::sass(90)));
+}
+
+#[test]
+fn zstd_ratio_over_256_is_refused_before_decoding() {
+    // 32 KiB of RLE blocks that really expand to 1 GiB, declared as such: under the old 1 GiB
+    // budget this allocated and decoded all of it.
+    let frame = zstd_rle(1 << 30);
+    let spec = EntrySpec {
+        flags: Flags::ZSTD | 1,
+        compressed_size: frame.len() as u32,
+        uncompressed_size: 1 << 30,
+        payload: frame.clone(),
+        ..Default::default()
+    };
+    let bytes = container(&[spec.bytes()]);
+    assert_eq!(bytes.len(), 32_864);
+    let cap = frame.len() as u64 * 256 + (1 << 20);
+    assert_eq!(
+        malformed_detail(&list_images(&bytes).unwrap_err()),
+        (
+            "fatbin entry",
+            0x10,
+            format!(
+                "uncompressed size 0x40000000 at +0x38 is over the cap of {cap:#x} bytes for the {:#x} compressed bytes at +0x10 (256 times the compressed size plus 1 MiB)",
+                frame.len()
+            )
+        )
+    );
+}
+
+#[test]
+fn default_budget_is_512_mib() {
+    assert_eq!(Limits::default().max_decompressed_total, 512 << 20);
+    // 513 MiB declared for 2.1 MB stored: within the ratio cap, over the default budget;
+    // refused before decoding.
+    let frame = zstd_rle(1 << 20);
+    let mut payload = frame.clone();
+    payload.resize(2_100_000, 0);
+    let spec = EntrySpec {
+        flags: Flags::ZSTD | 1,
+        compressed_size: payload.len() as u32,
+        uncompressed_size: 513 << 20,
+        payload,
+        ..Default::default()
+    };
+    assert_eq!(
+        list_images(&container(&[spec.bytes()])).unwrap_err(),
+        Error::TooLarge {
+            what: "fatbin entry payload",
+            offset: 0x50,
+            size: 513 << 20,
+            limit: 512 << 20
+        }
+    );
+}
+
+#[test]
+fn the_gap_before_the_next_container_must_be_zero() {
+    // An entry header of 0x44 bytes leaves the first container 4 bytes short of alignment.
+    let first = container(&[EntrySpec {
+        header_size: 0x44,
+        ..Default::default()
+    }
+    .bytes()]);
+    assert_eq!(first.len() % 8, 4);
+    let second = container(&[EntrySpec::default().bytes()]);
+    let with_gap = |gap: &[u8]| [first.clone(), gap.to_vec(), second.clone()].concat();
+    assert_eq!(list_images(&with_gap(&[0; 4])).unwrap().len(), 2);
+    let bytes = with_gap(b"\0\0j\0");
+    assert_eq!(
+        malformed_detail(&list_images(&bytes).unwrap_err()),
+        (
+            "fatbin container",
+            first.len() + 2,
+            format!(
+                "byte 0x6a in the alignment gap after the container at 0x0 (which ends at {:#x}); expected zero up to the next 8-byte boundary {:#x}",
+                first.len(),
+                first.len() + 4
+            )
+        )
+    );
 }
