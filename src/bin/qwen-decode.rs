@@ -146,7 +146,7 @@ fn kernels(args: KernelsArgs) -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         } else {
             print!("{}", registry_table());
-            eprintln!("\nerror: {msg}");
+            eprintln!("\nno CUDA device here, so no dispatch plan: {msg}");
         }
         return ExitCode::from(EXIT_NO_DEVICE);
     };
