@@ -134,7 +134,7 @@ fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(&bytes);
     }
-    Ok(hex(&h.finalize()))
+    Ok(hex(h.finalize()))
 }
 
 /// Hash of file contents alone, in the given (sorted) order.
@@ -145,11 +145,12 @@ fn hash_contents(files: &[PathBuf]) -> Result<String, BuildError> {
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(&bytes);
     }
-    Ok(hex(&h.finalize()))
+    Ok(hex(h.finalize()))
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A finished sha256 as lowercase hex.
+pub fn hex(digest: sha2::digest::Output<Sha256>) -> String {
+    fatbin_verify::sha256_hex(&digest.into())
 }
 
 /// Targets this build makes for a module: the manifest's list cut by `AOT_TARGETS`, plus the PTX.
@@ -217,7 +218,7 @@ pub fn plan(
                 key.update(flag.as_bytes());
                 key.update([0]);
             }
-            let key = hex(&key.finalize());
+            let key = hex(key.finalize());
             let ext = if target.virtual_arch { "ptx" } else { "cubin" };
             let output = config
                 .out_dir
@@ -450,7 +451,7 @@ pub fn assemble_and_read_back(
             if format == ImageFormat::Cubin {
                 // The fatbin must carry exactly the cubin ptxas wrote.
                 let file = std::fs::read(&image.path).map_err(io_err(&image.path))?;
-                if hex(&Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
+                if hex(Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
                     return Err(readback(
                         what,
                         "the cubin in the fatbin differs from the file ptxas wrote".into(),

@@ -5,12 +5,13 @@
 //! Run: `cargo test --release --test dispatch_gpu -- --include-ignored --test-threads=1 --nocapture`, or on a
 //! machine without Rust, `bash scripts/gpu-bundle.sh` here and `bash .gpu-bundle/run.sh` there.
 
+mod common;
+use common::ptx_with_version;
+
 use aot_kernels::dispatch::driver::{load_image, open_device, OpenDevice};
-use aot_kernels::dispatch::source::parse_ptx_version;
-use aot_kernels::dispatch::verify::sha256_hex;
 use aot_kernels::dispatch::{
-    load_all, load_modules, translate, DispatchError, ImageBytes, ImageSource, LoadReport,
-    ModuleSource, Policy, Reason,
+    load_all, load_modules, translate, DispatchError, ImageBytes, LoadReport, ModuleSource, Policy,
+    Reason,
 };
 use aot_kernels::registry;
 use cudarc::driver::sys::CUresult;
@@ -109,35 +110,6 @@ fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
     let err = load_modules(&d, 0, Policy::SassOnly, &modules).unwrap_err();
     assert!(matches!(err, DispatchError::NoImage { .. }), "{err}");
     eprintln!("sass-only on that registry: {err}");
-}
-
-/// The real compute_80 PTX of `module` with `.version 9.0` rewritten to `new`. The record is made
-/// honest for the new bytes (sha256 over them, ISA as the text now says), as a build with a newer
-/// toolkit would record it, so the hash check passes and only the ISA check can refuse it.
-fn ptx_with_version(module: &str, new: &str) -> (ModuleSource, Vec<u8>) {
-    let mut m = ModuleSource::from_record(registry::module(module).unwrap());
-    let img = m
-        .images
-        .iter_mut()
-        .find(|i| i.target == Target::ptx(80))
-        .unwrap();
-    let text = std::str::from_utf8(img.bytes.as_slice())
-        .unwrap()
-        .to_string();
-    assert!(
-        text.contains(".version 9.0"),
-        "the PTX fallback was expected to come from nvcc 13.0"
-    );
-    let bytes = text
-        .replacen(".version 9.0", &format!(".version {new}"), 1)
-        .into_bytes();
-    *img = ImageSource {
-        target: Target::ptx(80),
-        sha256: sha256_hex(&bytes),
-        ptx_version: parse_ptx_version(&bytes),
-        bytes: ImageBytes::Owned(bytes.clone()),
-    };
-    (m, bytes)
 }
 
 #[test]

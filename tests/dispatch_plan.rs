@@ -1,11 +1,13 @@
 //! Simulated dispatch plans against the registry this crate embeds, and every check that runs
 //! before the driver sees an image (hash, PTX `.version`). No GPU needed (CI).
 
+mod common;
+use common::{altered, ptx_with_version};
+
 use aot_kernels::dispatch::source::parse_ptx_version;
-use aot_kernels::dispatch::verify::sha256_hex;
 use aot_kernels::dispatch::{
-    check_module, plan, verify_image, DeviceSpec, DispatchError, ImageBytes, ImageSource,
-    ModuleSource, Policy, Reason, Version,
+    check_module, plan, verify_image, DeviceSpec, DispatchError, ModuleSource, Policy, Reason,
+    Version,
 };
 use aot_kernels::registry;
 use fatbin_verify::Target;
@@ -186,25 +188,6 @@ fn h200() -> DeviceSpec {
     dev("9.0", false, "13.0")
 }
 
-/// A registry module with its `target` image replaced by `bytes`, recorded as `sha256` / `ptx_version`.
-fn altered(
-    module: &str,
-    target: Target,
-    bytes: Vec<u8>,
-    sha256: String,
-    ptx_version: Option<(u32, u32)>,
-) -> ModuleSource {
-    let mut m = ModuleSource::from_record(registry::module(module).unwrap());
-    let img = m.images.iter_mut().find(|i| i.target == target).unwrap();
-    *img = ImageSource {
-        target,
-        sha256,
-        ptx_version,
-        bytes: ImageBytes::Owned(bytes),
-    };
-    m
-}
-
 #[test]
 fn a_tampered_cubin_is_refused_naming_module_and_target() {
     registry_with(&["sm_90"]);
@@ -239,38 +222,10 @@ fn a_tampered_cubin_is_refused_naming_module_and_target() {
     }
 }
 
-/// The real compute_80 PTX of `module` with `.version 9.0` rewritten to `new`, recorded honestly:
-/// the hash is computed over the rewritten bytes and the recorded ISA is what the text now says,
-/// as a build with a newer toolkit would record it. Only the ISA check can then refuse it.
-fn ptx_with_version(module: &str, new: &str) -> ModuleSource {
-    let rec = registry::module(module).unwrap();
-    let ptx = rec
-        .images
-        .iter()
-        .find(|i| i.target == Target::ptx(80))
-        .unwrap();
-    let text = std::str::from_utf8(ptx.bytes()).unwrap();
-    assert!(
-        text.contains(".version 9.0"),
-        "the PTX fallback was expected to come from nvcc 13.0"
-    );
-    let bytes = text
-        .replacen(".version 9.0", &format!(".version {new}"), 1)
-        .into_bytes();
-    let isa = parse_ptx_version(&bytes);
-    altered(
-        module,
-        Target::ptx(80),
-        bytes.clone(),
-        sha256_hex(&bytes),
-        isa,
-    )
-}
-
 #[test]
 fn ptx_newer_than_the_driver_is_refused_before_the_driver_sees_it() {
     // 9.9: newer than any ISA we know.
-    let m = ptx_with_version("activation", "9.9");
+    let (m, _) = ptx_with_version("activation", "9.9");
     match check_module(&h200(), Policy::PtxOnly, &m) {
         Err(DispatchError::NoImage { module, source }) => {
             assert_eq!(module, "activation");
@@ -285,7 +240,7 @@ fn ptx_newer_than_the_driver_is_refused_before_the_driver_sees_it() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     // 9.1: known, but needs a 13.1 driver; the H200's is 13.0.
-    let m = ptx_with_version("activation", "9.1");
+    let (m, _) = ptx_with_version("activation", "9.1");
     let err = check_module(&h200(), Policy::PtxOnly, &m).unwrap_err();
     assert!(err.to_string().contains("needs driver >= 13.1"), "{err}");
     // The same image is fine for a 13.1 driver.
@@ -302,7 +257,7 @@ fn ptx_newer_than_the_driver_is_refused_before_the_driver_sees_it() {
 
 #[test]
 fn a_recorded_ptx_version_that_disagrees_with_the_text_is_refused() {
-    let honest = ptx_with_version("rotary", "9.1");
+    let (honest, _) = ptx_with_version("rotary", "9.1");
     // Record 9.0 (what selection would accept on 13.0) over text that says 9.1.
     let mut m = honest.clone();
     m.images

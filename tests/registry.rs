@@ -76,10 +76,7 @@ fn every_promised_image_is_present_with_the_lock_hash() {
         for image in record.images {
             let bytes = image.bytes();
             assert_eq!(bytes.len(), image.size);
-            let sha = Sha256::digest(bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>();
+            let sha = fatbin_verify::sha256_hex(&Sha256::digest(bytes).into());
             assert_eq!(
                 sha, image.sha256,
                 "{} {}: embedded bytes hash",

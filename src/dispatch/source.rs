@@ -98,16 +98,10 @@ impl ModuleSource {
     }
 }
 
-/// The `.version` directive of PTX text (`.version 9.0` -> `(9, 0)`), if there is one.
+/// The `.version` directive of PTX text (`.version 9.0` -> `(9, 0)`), if there is one, read by
+/// the same parser fatbin-verify and the build use.
 pub fn parse_ptx_version(ptx: &[u8]) -> Option<(u32, u32)> {
-    let text = std::str::from_utf8(ptx).ok()?;
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with(".version"))?;
-    let (major, minor) = line.strip_prefix(".version")?.trim().split_once('.')?;
-    let minor = minor.split(|c: char| !c.is_ascii_digit()).next()?;
-    Some((major.trim().parse().ok()?, minor.parse().ok()?))
+    fatbin_verify::ptx::parse_ptx(ptx).version
 }
 
 #[cfg(test)]

@@ -32,13 +32,9 @@ pub struct HashCheck {
     pub cached: bool,
 }
 
+/// sha256 of `bytes` as lowercase hex, as the build records it.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut s = String::with_capacity(64);
-    for b in digest {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    fatbin_verify::sha256_hex(&Sha256::digest(bytes).into())
 }
 
 /// Hash `bytes` and compare with `expected` (hex, case-insensitive); every call hashes.
