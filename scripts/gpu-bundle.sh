@@ -15,9 +15,9 @@ cd "$(dirname "$0")/.."
 bundle=.gpu-bundle
 command -v python3 >/dev/null || { echo "gpu-bundle: python3 is needed to read cargo's JSON output" >&2; exit 1; }
 
-cargo build --release --bin qwen-decode "$@"
+cargo build --release --workspace "$@"
 # cargo prints one JSON line per artifact; keep the executables of test targets named *gpu*.
-tests=$(cargo test --release --no-run --message-format=json "$@" | python3 -c '
+tests=$(cargo test --release --workspace --no-run --message-format=json "$@" | python3 -c '
 import json, sys
 for line in sys.stdin:
     try:

@@ -7,7 +7,9 @@
 pub mod activation;
 pub mod compare;
 pub mod launch;
+pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod sampling;
 
 pub use launch::{OpsError, LAUNCHED_ENTRIES};

@@ -10,7 +10,7 @@ use fatbin_verify::verify::{verify, FileImages};
 use fatbin_verify::{list_images, Target};
 
 fn manifest_and_lock() -> (Manifest, Lock) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     (
         Manifest::from_path(&root.join("aot-manifest.toml")).unwrap(),
         Lock::from_path(&root.join("aot-manifest.lock")).unwrap(),

@@ -1,0 +1,1 @@
+//! Loading a Hugging Face model folder (to be written).
