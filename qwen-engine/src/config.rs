@@ -247,7 +247,10 @@ impl Qwen3Config {
 
     /// Checks the relations the kernels rely on; `(key, message)` names what is wrong.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err((
                 "num_key_value_heads",
                 format!(

@@ -11,8 +11,11 @@
 //! - [`engine`]: scheduler + runner + streaming of tokens.
 
 pub mod config;
+pub mod engine;
+pub mod kv;
 pub mod model;
 pub mod runner;
+pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
 

@@ -33,13 +33,12 @@ pub struct SeqStep<'a> {
     pub blocks: &'a [u32],
     /// Sample after the last token (a decode step, or the last chunk of a prompt).
     pub sample: Option<SampleRequest>,
+    /// Prompt tokens (any chunk of the prompt, however short) rather than a generated token:
+    /// runners must compute prompt tokens the same way whatever the chunking.
+    pub prefill: bool,
 }
 
 impl SeqStep<'_> {
-    pub fn is_decode(&self) -> bool {
-        self.tokens.len() == 1 && self.start_pos > 0
-    }
-
     /// Context length after this step.
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.tokens.len()

@@ -123,6 +123,7 @@ pub struct LoadedKernels {
     stream: Arc<CudaStream>,
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
+    sm_count: usize,
 }
 
 impl std::fmt::Debug for LoadedKernels {
@@ -173,6 +174,11 @@ impl LoadedKernels {
 
     pub fn device(&self) -> &DeviceSpec {
         &self.report.device
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 }
 
@@ -225,6 +231,7 @@ pub fn load_modules(
         stream,
         modules: loaded,
         report,
+        sm_count: device.sm_count,
     })
 }
 

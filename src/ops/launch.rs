@@ -1,7 +1,13 @@
 //! The one thin layer that launches kernels: shape checks, then the unsafe driver launch.
 //! Typed launchers in the op modules build on [`launch`]; nothing above them sees raw pointers.
 
-use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use std::marker::PhantomData;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
 
 use crate::dispatch::{DispatchError, LoadedKernels};
 
@@ -12,6 +18,12 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::rmsnorm::MODULE, super::rmsnorm::ENTRY_FUSED_ADD),
     (super::rotary::MODULE, super::rotary::ENTRY),
     (super::activation::MODULE, super::activation::ENTRY),
+    (super::gemv::MODULE, super::gemv::ENTRY_PLAIN),
+    (super::gemv::MODULE, super::gemv::ENTRY_NORM),
+    (super::attention::MODULE, super::attention::ENTRY_D64),
+    (super::attention::MODULE, super::attention::ENTRY_D128),
+    (super::attention::MODULE, super::attention::ENTRY_D256),
+    (super::embedding::MODULE, super::embedding::ENTRY),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +90,176 @@ pub(crate) enum Arg<'a> {
     InF32(&'a CudaSlice<f32>),
     I32(i32),
     F32(f32),
+}
+
+/// A read-only device buffer of `T` (a whole allocation or a view of one), as launchers take it.
+/// The address stays private to the launch layer.
+#[derive(Debug)]
+pub struct DevRef<'a, T> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a T>,
+}
+
+impl<T> Clone for DevRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevRef<'_, T> {}
+
+/// A writable device buffer of `T`.
+#[derive(Debug)]
+pub struct DevMut<'a, T> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+impl<'a, T> DevRef<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements from `start` on (an error if `start` is past the end).
+    pub fn skip(self, start: usize) -> Result<DevRef<'a, T>, OpsError> {
+        if start > self.len {
+            return Err(OpsError::Shape {
+                op: "buffer view",
+                message: format!(
+                    "offset {start} is past the end of a {}-element buffer",
+                    self.len
+                ),
+            });
+        }
+        Ok(DevRef {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len: self.len - start,
+            _borrow: PhantomData,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<'a, T> DevMut<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reborrows as read-only.
+    pub fn as_ref(&self) -> DevRef<'_, T> {
+        DevRef {
+            ptr: self.ptr,
+            len: self.len,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The elements from `start` on.
+    pub fn skip(self, start: usize) -> Result<DevMut<'a, T>, OpsError> {
+        if start > self.len {
+            return Err(OpsError::Shape {
+                op: "buffer view",
+                message: format!(
+                    "offset {start} is past the end of a {}-element buffer",
+                    self.len
+                ),
+            });
+        }
+        Ok(DevMut {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len: self.len - start,
+            _borrow: PhantomData,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// A read-only view of a device allocation (or cudarc view) on the kernels' stream.
+pub fn dev<'a, T>(kernels: &'a LoadedKernels, buf: &'a impl DevicePtr<T>) -> DevRef<'a, T> {
+    let (ptr, _sync) = buf.device_ptr(kernels.stream());
+    DevRef {
+        ptr,
+        len: buf.len(),
+        _borrow: PhantomData,
+    }
+}
+
+/// A writable view of a device allocation on the kernels' stream.
+pub fn dev_mut<'a, T>(
+    kernels: &'a LoadedKernels,
+    buf: &'a mut impl DevicePtrMut<T>,
+) -> DevMut<'a, T> {
+    let len = buf.len();
+    let (ptr, _sync) = buf.device_ptr_mut(kernels.stream());
+    DevMut {
+        ptr,
+        len,
+        _borrow: PhantomData,
+    }
+}
+
+/// Checks that a view holds at least the elements of shape `dims`.
+pub(crate) fn check_view(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    dims: &[usize],
+) -> Result<(), OpsError> {
+    let want = elements(op, what, dims)?;
+    if len < want {
+        return Err(OpsError::Shape {
+            op,
+            message: format!("`{what}` holds {len} elements, the shape needs {want}"),
+        });
+    }
+    Ok(())
+}
+
+/// Launches `entry` with one by-value parameter block (a `#[repr(C)]` mirror of the kernel's
+/// struct, filled from checked views). Raises the function's dynamic shared-memory limit first
+/// when `cfg` asks for more than the default 48 KiB.
+pub(crate) fn launch_params<P: DeviceRepr>(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    module: &str,
+    entry: &str,
+    cfg: LaunchConfig,
+    params: &P,
+) -> Result<(), OpsError> {
+    let function: CudaFunction = kernels.function(module, entry)?;
+    if cfg.shared_mem_bytes > 48 * 1024 {
+        function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                cfg.shared_mem_bytes as i32,
+            )
+            .map_err(|source| OpsError::Driver { op, source })?;
+    }
+    let stream = kernels.stream();
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(params);
+    // SAFETY: `P` mirrors the kernel's parameter struct field for field (see each op's module),
+    // every address in it comes from a view the launcher checked against the kernel's shapes,
+    // and the views borrow their allocations for the duration of this call; the launch is
+    // ordered on the kernels' single stream, before any later free of those allocations.
+    unsafe { builder.launch(cfg) }
+        .map(|_| ())
+        .map_err(|source| OpsError::Driver { op, source })
 }
 
 /// Launches `entry` of `module` with arguments whose shapes the caller has checked.

@@ -5,11 +5,14 @@
 //! random inputs, and [`compare`] measures the distance in bf16 units in the last place.
 
 pub mod activation;
+pub mod attention;
 pub mod compare;
+pub mod embedding;
+pub mod gemv;
 pub mod launch;
 pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
 pub mod sampling;
 
-pub use launch::{OpsError, LAUNCHED_ENTRIES};
+pub use launch::{dev, dev_mut, DevMut, DevRef, OpsError, LAUNCHED_ENTRIES};
