@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod runner;
