@@ -11,6 +11,7 @@
 //! - [`engine`]: scheduler + runner + streaming of tokens.
 
 pub mod config;
+pub mod cpu;
 pub mod load;
 pub mod model;
 pub mod runner;
