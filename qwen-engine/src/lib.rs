@@ -11,9 +11,11 @@
 //! - [`engine`]: scheduler + runner + streaming of tokens.
 
 pub mod config;
+pub mod cpu;
 pub mod engine;
 pub mod gpu;
 pub mod kv;
+pub mod load;
 pub mod model;
 pub mod runner;
 pub mod scheduler;

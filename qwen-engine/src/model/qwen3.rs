@@ -204,9 +204,10 @@ pub fn tensor_table(c: &Qwen3Config) -> Vec<TensorSpec> {
     t
 }
 
-/// Names a checkpoint may carry that the model does not read (a tied checkpoint's `lm_head.weight`).
+/// Names a checkpoint may carry that the model does not read: a tied checkpoint's
+/// `lm_head.weight`, and rotary buffers older exports saved (recomputed from `rope_theta`).
 pub fn ignorable_tensor(c: &Qwen3Config, name: &str) -> bool {
-    c.tie_word_embeddings && name == "lm_head.weight"
+    (c.tie_word_embeddings && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq")
 }
 
 #[cfg(test)]
