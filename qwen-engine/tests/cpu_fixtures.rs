@@ -161,6 +161,7 @@ fn plan_errors_name_the_slot_and_the_problem() {
         start_pos,
         blocks,
         sample: None,
+        prefill: true,
     };
     let cases: Vec<(Vec<SeqStep>, &str)> = vec![
         (vec![step(9, &[1], 0, &[0])], "slot 9 does not exist"),

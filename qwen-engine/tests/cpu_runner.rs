@@ -96,6 +96,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                 start_pos: 0,
                 blocks: &blocks,
                 sample: None,
+                prefill: true,
             },
             SeqStep {
                 slot: 1,
@@ -107,6 +108,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                     seed: 0,
                     counter: 0,
                 }),
+                prefill: true,
             },
         ],
         want_logits,

@@ -101,6 +101,7 @@ pub fn run(
                             seed: r.seed,
                             counter: gens[*i].tokens.len() as u64,
                         }),
+                        prefill: fed[*i] < r.prompt.len(),
                     }
                 })
                 .collect(),
