@@ -52,6 +52,8 @@ exec > >(tee results/run.log) 2>&1
 
 # The GPU tests fail (never skip) when they find no device: the point of this run is the GPU.
 export RUST_LOG=${RUST_LOG:-info}
+# The engine tests read the oracle fixtures from the repository the bundle sits in.
+export QWEN_FIXTURES=${QWEN_FIXTURES:-$(pwd)/../qwen-engine/tests/fixtures}
 status=0
 
 echo "== $(date -u +%FT%TZ) on $(hostname)"
@@ -76,6 +78,14 @@ echo; echo "== qwen-decode kernels --policy ptx-only with CUDA_CACHE_DISABLE=1 (
 CUDA_CACHE_DISABLE=1 ./qwen-decode kernels --policy ptx-only || status=1
 ./qwen-decode kernels --json >results/kernels-auto.json || status=1
 CUDA_CACHE_DISABLE=1 ./qwen-decode kernels --policy ptx-only --json >results/kernels-ptx-cold.json || status=1
+echo; echo "== qwen-decode run --model tiny (the README's main command ends with this)"
+./qwen-decode run --model tiny --prompt "The AOT kernels say hello" --max-new-tokens 32 || status=1
+echo; echo "== qwen-decode run --model qwen3-4b (synthetic weights): decode speed at concurrency 1 and 8"
+for c in 1 8; do
+    ./qwen-decode run --model qwen3-4b --prompt-ids $(seq -s, 1 16) --max-new-tokens 128 --ignore-eos \
+        --concurrency $c --kv-budget 8GiB --json >results/qwen3-4b-c$c.json || status=1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); t=r['timings']; print(f'qwen3-4b c{sys.argv[2]}: decode {t[\"decode_tok_s\"]:.1f} tok/s over {t[\"decode_steps\"]} steps, load {t[\"load_s\"]:.1f} s, prefill {t[\"prefill_s\"]:.3f} s')" results/qwen3-4b-c$c.json $c || status=1
+done
 echo; echo "== simulated plans (no GPU needed)"
 ./qwen-decode kernels --simulate 11.0 --integrated --driver 13.0 | tail -n 4 || status=1
 ./qwen-decode kernels --simulate 8.7 --integrated --driver 13.0 | tail -n 4 || status=1

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 pub use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
     DriverError, ValidAsZeroBits,
 };
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 /// Starts recording the launches this thread makes on `stream` into a graph.
 pub fn begin_capture(stream: &CudaStream) -> Result<(), DriverError> {

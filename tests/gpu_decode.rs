@@ -320,6 +320,14 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             norm: true,
             epi: Epi::SiluMul,
         },
+        GemvCase {
+            // MLP width 184: not a multiple of 16, the last gate/up group is partial.
+            name: "fixture gate_up 368x120 norm silu",
+            n: 368,
+            k: 120,
+            norm: true,
+            epi: Epi::SiluMul,
+        },
     ];
     for c in &cases {
         for m in [1usize, 3, 8] {

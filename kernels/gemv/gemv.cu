@@ -67,7 +67,7 @@ struct GemvParams {
     int splits, k_per_split;      // k_per_split is a multiple of 32
     int group_rows;
     int epilogue;
-    int pair_offset;              // > 0: virtual rows come in (first half, second half) pairs
+    int pair_offset;              // > 0: the MLP width I; virtual rows pair gate and up rows
     int q_heads, kv_heads, head_dim, max_pos, ld_bt;
     int pad_;
 };
@@ -80,8 +80,9 @@ struct Shared {
     unsigned last;
 };
 
-// The weight row behind virtual row `v`, or null past the end. With pair_offset, group g's first
-// half maps to rows g*half.., its second half to pair_offset + g*half.. (gate and up of one MLP).
+// The weight row behind virtual row `v`, or null past the end. With pair_offset (= I, the MLP
+// width), group g's first half maps to gate rows g*half.., its second half to up rows
+// I + g*half..; rows past I in the last group are null (I need not be a multiple of half).
 __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, int v) {
     if (v >= p.n) return nullptr;
     int row = v;
@@ -89,7 +90,9 @@ __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, 
         const int half = p.group_rows / 2;
         const int grp = v / p.group_rows;
         const int r = v - grp * p.group_rows;
-        row = r < half ? grp * half + r : p.pair_offset + grp * half + (r - half);
+        const int j = grp * half + (r < half ? r : r - half);
+        if (j >= p.pair_offset) return nullptr;
+        row = r < half ? j : p.pair_offset + j;
     }
     return p.w + static_cast<int64_t>(row) * p.k;
 }
@@ -197,6 +200,7 @@ __device__ void epilogue(const GemvParams& p, int group, const float* vals, int 
             const int half = p.group_rows / 2;
             for (int i = threadIdx.x; i < p.m * half; i += kThreads) {
                 const int token = i / half, j = i - token * half;
+                if (group * half + j >= p.pair_offset) continue;
                 const float gate = aot::round_bf16(vals[token * vs + j]);
                 const float up = aot::round_bf16(vals[token * vs + half + j]);
                 const float act = aot::round_bf16(silu(gate));

@@ -90,7 +90,7 @@ impl Qwen3Config {
             rms_norm_eps: 1e-6,
             rope_theta: 1_000_000.0,
             max_position_embeddings: 4096,
-            tie_word_embeddings: true,
+            tie_word_embeddings: false,
             eos_token_ids: vec![],
         }
     }

@@ -19,6 +19,7 @@ pub mod load;
 pub mod model;
 pub mod runner;
 pub mod scheduler;
+pub mod source;
 pub mod tokenizer;
 pub mod weights;
 

@@ -74,12 +74,12 @@ impl Tokenizer {
                     if id < 256 {
                         bytes.push(id as u8);
                     } else {
-                        out.push_str(&String::from_utf8_lossy(&bytes));
+                        push_bytes(&mut out, &bytes);
                         bytes.clear();
                         out.push_str(&format!("<{id}>"));
                     }
                 }
-                out.push_str(&String::from_utf8_lossy(&bytes));
+                push_bytes(&mut out, &bytes);
                 out
             }
             Tokenizer::None { .. } => ids.iter().map(|i| format!("<{i}>")).collect(),
@@ -88,6 +88,27 @@ impl Tokenizer {
 
     pub fn is_available(&self) -> bool {
         !matches!(self, Tokenizer::None { .. })
+    }
+}
+
+/// Appends `bytes` as text: valid UTF-8 as it is, any other byte as `<0xNN>`.
+fn push_bytes(out: &mut String, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                out.push_str(text);
+                return;
+            }
+            Err(e) => {
+                let (good, rest) = bytes.split_at(e.valid_up_to());
+                out.push_str(std::str::from_utf8(good).unwrap_or_default());
+                let bad = e.error_len().unwrap_or(rest.len()).max(1);
+                for b in &rest[..bad] {
+                    out.push_str(&format!("<0x{b:02X}>"));
+                }
+                bytes = &rest[bad..];
+            }
+        }
     }
 }
 
@@ -102,6 +123,7 @@ mod tests {
         assert_eq!(ids.len(), 6);
         assert_eq!(t.decode(&ids), "héllo");
         assert_eq!(t.decode(&[104, 300, 105]), "h<300>i");
+        assert_eq!(t.decode(&[104, 0xff, 105]), "h<0xFF>i");
         let none = Tokenizer::None {
             reason: "x has no tokenizer.json".into(),
         };

@@ -112,7 +112,12 @@ pub fn gemv_scratch_needs(
     sm_count: usize,
 ) -> (usize, usize) {
     let s = gemv_split(n, k, sm_count);
-    (s.splits * MAX_TOKENS * n, n.div_ceil(group_rows.max(1)))
+    // Room for the virtual rows of a SiLU-and-mul launch (n rounded up to whole tiles, plus one).
+    let rows = n.next_multiple_of(TILE_ROWS) + TILE_ROWS;
+    (
+        s.splits * MAX_TOKENS * rows,
+        rows.div_ceil(group_rows.max(1)),
+    )
 }
 
 /// Split-K partials and the per-group arrival counters (zero between launches; the kernel
@@ -185,6 +190,11 @@ pub enum GemvOutput<'a> {
         intermediate: usize,
     },
     QkvRope(QkvRope<'a>),
+}
+
+/// Virtual rows of a SiLU-and-mul GEMV: groups of 16 gate and 16 up rows.
+pub fn silu_virtual_rows(intermediate: usize) -> usize {
+    intermediate.div_ceil(TILE_ROWS / 2) * TILE_ROWS
 }
 
 /// Sums-of-squares groups a residual GEMV of `n` rows writes (its consumer's `ssq_groups`).
@@ -304,10 +314,9 @@ pub fn gemv(
             ld_out,
             intermediate,
         } => {
-            let half = TILE_ROWS / 2;
-            if n != 2 * intermediate || !intermediate.is_multiple_of(half) {
+            if n != 2 * intermediate {
                 return Err(shape_err(format!(
-                    "SiLU-and-mul needs n = 2 x intermediate with intermediate a multiple of {half}; got n {n}, intermediate {intermediate}"
+                    "SiLU-and-mul needs n = 2 x intermediate (the [gate; up] rows); got n {n}, intermediate {intermediate}"
                 )));
             }
             check_out("out", out.len(), ld_out, intermediate)?;
@@ -315,6 +324,8 @@ pub fn gemv(
             p.ld_out = to_i32(op, "ld_out", ld_out)?;
             p.epilogue = 3;
             p.pair_offset = to_i32(op, "intermediate", intermediate)?;
+            // Virtual rows: each 32-row group holds 16 gate and 16 up rows.
+            p.n = to_i32(op, "n", silu_virtual_rows(intermediate))?;
         }
         GemvOutput::QkvRope(q) => {
             let d = q.head_dim;
@@ -370,13 +381,14 @@ pub fn gemv(
         }
     }
     // Only the residual and store epilogues may run per tile; the others need whole groups.
-    let (ws_need, counters_need) = (split.splits * m * n, n.div_ceil(p.group_rows as usize));
+    let vn = p.n as usize; // virtual rows (SiLU-and-mul pads its last gate/up group)
+    let (ws_need, counters_need) = (split.splits * m * vn, vn.div_ceil(p.group_rows as usize));
     check_view(op, "workspace", scratch.ws.len(), &[ws_need])?;
     check_view(op, "counters", scratch.counters.len(), &[counters_need])?;
     p.ws = scratch.ws.addr();
     p.counters = scratch.counters.addr();
 
-    let units = gemv_units(n, split);
+    let units = gemv_units(vn, split);
     let grid = units.min(kernels.sm_count() * BLOCKS_PER_SM).max(1);
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),

@@ -24,6 +24,7 @@ pub mod weights;
 use std::collections::HashMap;
 use std::time::Instant;
 
+use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
 use aot_kernels::dispatch::{self, LoadedKernels, Policy};
 use aot_kernels::ops::attention::{
     attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
@@ -36,7 +37,6 @@ use aot_kernels::ops::gemv::{
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::sampling::{sample_reference, SamplingParams};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
-use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
 use half::bf16;
 use serde::Serialize;
 
@@ -44,7 +44,9 @@ use self::graphs::{graph_decision, GraphDecision};
 use self::weights::DeviceWeights;
 use crate::config::Qwen3Config;
 use crate::kv;
-use crate::runner::{DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan, KV_BLOCK_SIZE};
+use crate::runner::{
+    DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan, KV_BLOCK_SIZE,
+};
 use crate::weights::Weights;
 
 /// How to set up the GPU runner.
@@ -68,6 +70,9 @@ pub struct GpuStats {
     pub graph_captures: usize,
     pub eager_passes: usize,
 }
+
+/// What a pass returns: each row's sampled token, and the logits of the sampling rows.
+type PassOutput = (Vec<Option<u32>>, Vec<Vec<f32>>);
 
 /// One token row of a forward pass.
 #[derive(Debug, Clone, Copy)]
@@ -136,15 +141,25 @@ impl GpuRunner {
         progress: &mut dyn FnMut(usize),
     ) -> Result<GpuRunner, RunnerError> {
         let started = Instant::now();
-        let k = dispatch::load_all(options.policy).map_err(|e| RunnerError::Device(e.to_string()))?;
+        let k =
+            dispatch::load_all(options.policy).map_err(|e| RunnerError::Device(e.to_string()))?;
         let s = k.stream().clone();
         let w = weights::upload(&k, cfg, weights, progress)?;
-        let zeros_f32 = |n: usize, what: &str| s.alloc_zeros::<f32>(n.max(1)).map_err(dev_err(what));
-        let zeros_bf16 = |n: usize, what: &str| s.alloc_zeros::<bf16>(n.max(1)).map_err(dev_err(what));
-        let zeros_i32 = |n: usize, what: &str| s.alloc_zeros::<i32>(n.max(1)).map_err(dev_err(what));
-        let zeros_u32 = |n: usize, what: &str| s.alloc_zeros::<u32>(n.max(1)).map_err(dev_err(what));
+        let zeros_f32 =
+            |n: usize, what: &str| s.alloc_zeros::<f32>(n.max(1)).map_err(dev_err(what));
+        let zeros_bf16 =
+            |n: usize, what: &str| s.alloc_zeros::<bf16>(n.max(1)).map_err(dev_err(what));
+        let zeros_i32 =
+            |n: usize, what: &str| s.alloc_zeros::<i32>(n.max(1)).map_err(dev_err(what));
+        let zeros_u32 =
+            |n: usize, what: &str| s.alloc_zeros::<u32>(n.max(1)).map_err(dev_err(what));
 
-        let (h, i, v, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim);
+        let (h, i, v, hd) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cfg.head_dim,
+        );
         let sm = k.sm_count();
         let mut ws = 0;
         let mut counters = 0;
@@ -159,7 +174,12 @@ impl GpuRunner {
             ws = ws.max(a);
             counters = counters.max(c);
         }
-        let (ml, o, ac) = attn_scratch_needs(MAX_TOKENS, cfg.num_attention_heads, cfg.num_key_value_heads, hd);
+        let (ml, o, ac) = attn_scratch_needs(
+            MAX_TOKENS,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+        );
         let b = PassBuffers {
             tokens: zeros_i32(MAX_TOKENS, "tokens")?,
             positions: zeros_i32(MAX_TOKENS, "positions")?,
@@ -186,7 +206,10 @@ impl GpuRunner {
         let block_table = zeros_i32(slots * ld_bt, "block tables")?;
 
         // The KV cache: what the budget holds, but no more than every slot at full context.
-        let (free, _) = k.context().mem_get_info().map_err(dev_err("reading free memory"))?;
+        let (free, _) = k
+            .context()
+            .mem_get_info()
+            .map_err(dev_err("reading free memory"))?;
         let budget = options.kv_budget.unwrap_or_else(|| kv::gpu_kv_budget(free));
         let kv_blocks = kv::blocks_in_budget(cfg, budget).min(slots * ld_bt);
         if kv_blocks == 0 {
@@ -245,13 +268,21 @@ impl GpuRunner {
             )));
         }
         if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.kv_blocks) {
-            return Err(RunnerError::Plan(format!("block {bad} is past the cache's {} blocks", self.kv_blocks)));
+            return Err(RunnerError::Plan(format!(
+                "block {bad} is past the cache's {} blocks",
+                self.kv_blocks
+            )));
         }
-        let row: Vec<i32> = (0..self.ld_bt).map(|j| blocks.get(j).map_or(-1, |&b| b as i32)).collect();
+        let row: Vec<i32> = (0..self.ld_bt)
+            .map(|j| blocks.get(j).map_or(-1, |&b| b as i32))
+            .collect();
         let at = slot * self.ld_bt;
         if self.host_table[at..at + self.ld_bt] != row[..] {
             let mut view = self.block_table.slice_mut(at..at + self.ld_bt);
-            self.k.stream().memcpy_htod(&row, &mut view).map_err(dev_err("block table"))?;
+            self.k
+                .stream()
+                .memcpy_htod(&row, &mut view)
+                .map_err(dev_err("block table"))?;
             self.host_table[at..at + self.ld_bt].copy_from_slice(&row);
         }
         Ok(())
@@ -264,17 +295,38 @@ impl GpuRunner {
         let b = &mut self.b;
         let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
-        embedding(k, dev_mut(k, &mut b.h), h, Some(dev_mut(k, &mut b.ssq)), dev(k, &self.w.embed), v, h, dev(k, &b.tokens), m)?;
+        embedding(
+            k,
+            dev_mut(k, &mut b.h),
+            h,
+            Some(dev_mut(k, &mut b.ssq)),
+            dev(k, &self.w.embed),
+            v,
+            h,
+            dev(k, &b.tokens),
+            m,
+        )?;
         let mut ssq_groups = 1;
         for (l, lw) in self.w.layers.iter().enumerate() {
-            let mut scratch = GemvScratch { ws: dev_mut(k, &mut b.gemv_ws), counters: dev_mut(k, &mut b.gemv_counters) };
+            let mut scratch = GemvScratch {
+                ws: dev_mut(k, &mut b.gemv_ws),
+                counters: dev_mut(k, &mut b.gemv_counters),
+            };
             gemv(
                 k,
                 dev(k, &lw.qkv),
                 c.qkv_dim(),
                 h,
                 m,
-                &GemvInput::Norm { h: dev(k, &b.h), ld_h: h, ssq: dev(k, &b.ssq), ssq_groups, weight: dev(k, &lw.input_norm), eps, weight_offset: 0.0 },
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.input_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
                 GemvOutput::QkvRope(QkvRope {
                     q_out: dev_mut(k, &mut b.q),
                     ld_q: c.q_dim(),
@@ -313,7 +365,11 @@ impl GpuRunner {
                     head_dim: c.head_dim,
                     grid_splits,
                 },
-                &mut AttnScratch { ws_ml: dev_mut(k, &mut b.attn_ml), ws_o: dev_mut(k, &mut b.attn_o), counters: dev_mut(k, &mut b.attn_counters) },
+                &mut AttnScratch {
+                    ws_ml: dev_mut(k, &mut b.attn_ml),
+                    ws_o: dev_mut(k, &mut b.attn_o),
+                    counters: dev_mut(k, &mut b.attn_counters),
+                },
             )?;
             gemv(
                 k,
@@ -321,8 +377,15 @@ impl GpuRunner {
                 h,
                 c.q_dim(),
                 m,
-                &GemvInput::Plain { x: dev(k, &b.attn), ld_x: c.q_dim() },
-                GemvOutput::Residual { h: dev_mut(k, &mut b.h), ld_h: h, ssq_out: dev_mut(k, &mut b.ssq) },
+                &GemvInput::Plain {
+                    x: dev(k, &b.attn),
+                    ld_x: c.q_dim(),
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
                 &mut scratch,
             )?;
             ssq_groups = residual_groups(h);
@@ -332,8 +395,20 @@ impl GpuRunner {
                 2 * i,
                 h,
                 m,
-                &GemvInput::Norm { h: dev(k, &b.h), ld_h: h, ssq: dev(k, &b.ssq), ssq_groups, weight: dev(k, &lw.post_norm), eps, weight_offset: 0.0 },
-                GemvOutput::SiluMul { out: dev_mut(k, &mut b.act), ld_out: i, intermediate: i },
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.post_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
+                GemvOutput::SiluMul {
+                    out: dev_mut(k, &mut b.act),
+                    ld_out: i,
+                    intermediate: i,
+                },
                 &mut scratch,
             )?;
             gemv(
@@ -342,20 +417,41 @@ impl GpuRunner {
                 h,
                 i,
                 m,
-                &GemvInput::Plain { x: dev(k, &b.act), ld_x: i },
-                GemvOutput::Residual { h: dev_mut(k, &mut b.h), ld_h: h, ssq_out: dev_mut(k, &mut b.ssq) },
+                &GemvInput::Plain {
+                    x: dev(k, &b.act),
+                    ld_x: i,
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
                 &mut scratch,
             )?;
         }
-        let mut scratch = GemvScratch { ws: dev_mut(k, &mut b.gemv_ws), counters: dev_mut(k, &mut b.gemv_counters) };
+        let mut scratch = GemvScratch {
+            ws: dev_mut(k, &mut b.gemv_ws),
+            counters: dev_mut(k, &mut b.gemv_counters),
+        };
         gemv(
             k,
             dev(k, self.w.lm_head()),
             v,
             h,
             m,
-            &GemvInput::Norm { h: dev(k, &b.h), ld_h: h, ssq: dev(k, &b.ssq), ssq_groups, weight: dev(k, &self.w.final_norm), eps, weight_offset: 0.0 },
-            GemvOutput::F32 { out: dev_mut(k, &mut b.logits), ld_out: v },
+            &GemvInput::Norm {
+                h: dev(k, &b.h),
+                ld_h: h,
+                ssq: dev(k, &b.ssq),
+                ssq_groups,
+                weight: dev(k, &self.w.final_norm),
+                eps,
+                weight_offset: 0.0,
+            },
+            GemvOutput::F32 {
+                out: dev_mut(k, &mut b.logits),
+                ld_out: v,
+            },
             &mut scratch,
         )
     }
@@ -363,7 +459,7 @@ impl GpuRunner {
     /// Runs one pass over `rows` (1..=8): uploads the inputs, replays or launches, samples.
     /// Returns each row's sampled token (rows without a sample request get `None`) and, with
     /// `want_logits`, the logits of the sampling rows.
-    fn pass(&mut self, rows: &[Row], want_logits: bool) -> Result<(Vec<Option<u32>>, Vec<Vec<f32>>), RunnerError> {
+    fn pass(&mut self, rows: &[Row], want_logits: bool) -> Result<PassOutput, RunnerError> {
         let m = rows.len();
         let s = self.k.stream().clone();
         let up = |v: Vec<i32>, dst: &mut CudaSlice<i32>, what: &str| -> Result<(), RunnerError> {
@@ -372,13 +468,32 @@ impl GpuRunner {
         };
         for r in rows {
             if r.pos >= self.max_pos {
-                return Err(RunnerError::Plan(format!("position {} is past the context of {}", r.pos, self.max_pos)));
+                return Err(RunnerError::Plan(format!(
+                    "position {} is past the context of {}",
+                    r.pos, self.max_pos
+                )));
             }
         }
-        up(rows.iter().map(|r| r.token as i32).collect(), &mut self.b.tokens, "tokens")?;
-        up(rows.iter().map(|r| r.pos as i32).collect(), &mut self.b.positions, "positions")?;
-        up(rows.iter().map(|r| r.slot as i32).collect(), &mut self.b.slots, "slots")?;
-        up(rows.iter().map(|r| r.pos as i32 + 1).collect(), &mut self.b.ctx, "context lengths")?;
+        up(
+            rows.iter().map(|r| r.token as i32).collect(),
+            &mut self.b.tokens,
+            "tokens",
+        )?;
+        up(
+            rows.iter().map(|r| r.pos as i32).collect(),
+            &mut self.b.positions,
+            "positions",
+        )?;
+        up(
+            rows.iter().map(|r| r.slot as i32).collect(),
+            &mut self.b.slots,
+            "slots",
+        )?;
+        up(
+            rows.iter().map(|r| r.pos as i32 + 1).collect(),
+            &mut self.b.ctx,
+            "context lengths",
+        )?;
 
         self.stats.passes += 1;
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)]) {
@@ -390,15 +505,23 @@ impl GpuRunner {
                     launched.map_err(ops_err)?;
                     let graph = graph
                         .map_err(dev_err("capturing the forward pass"))?
-                        .ok_or_else(|| RunnerError::Device("graph capture produced no graph".into()))?;
+                        .ok_or_else(|| {
+                            RunnerError::Device("graph capture produced no graph".into())
+                        })?;
                     self.graphs.insert(m, graph);
                     self.stats.graph_captures += 1;
                 }
-                self.graphs[&m].launch().map_err(dev_err("replaying the forward pass"))?;
+                self.graphs[&m]
+                    .launch()
+                    .map_err(dev_err("replaying the forward pass"))?;
                 self.stats.graph_replays += 1;
             }
             _ => {
-                let grid = rows.iter().map(|r| attn_splits(r.pos + 1).0).max().unwrap_or(1);
+                let grid = rows
+                    .iter()
+                    .map(|r| attn_splits(r.pos + 1).0)
+                    .max()
+                    .unwrap_or(1);
                 self.launch_forward(m, grid).map_err(ops_err)?;
                 self.seen[m.min(MAX_TOKENS)] = true;
                 self.stats.eager_passes += 1;
@@ -407,12 +530,17 @@ impl GpuRunner {
 
         // PLACEHOLDER until the sampling kernel lands: read the logits and sample on the host.
         let v = self.cfg.vocab_size;
-        let logits = s.clone_dtoh(&self.b.logits.slice(0..m * v)).map_err(dev_err("reading logits"))?;
+        let logits = s
+            .clone_dtoh(&self.b.logits.slice(0..m * v))
+            .map_err(dev_err("reading logits"))?;
         let mut tokens = Vec::with_capacity(m);
         let mut out_logits = Vec::new();
         for (j, r) in rows.iter().enumerate() {
             let row = &logits[j * v..(j + 1) * v];
-            tokens.push(r.sample.map(|sr| sample_reference(row, &sr.params, sr.seed, sr.counter)));
+            tokens.push(
+                r.sample
+                    .map(|sr| sample_reference(row, &sr.params, sr.seed, sr.counter)),
+            );
             if want_logits && r.sample.is_some() {
                 out_logits.push(row.to_vec());
             }
@@ -439,7 +567,10 @@ impl Runner for GpuRunner {
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;
             if seq.tokens.is_empty() {
-                return Err(RunnerError::Plan(format!("slot {}: a step with no tokens", seq.slot)));
+                return Err(RunnerError::Plan(format!(
+                    "slot {}: a step with no tokens",
+                    seq.slot
+                )));
             }
             if kv::blocks_for(seq.end_pos()) > seq.blocks.len() {
                 return Err(RunnerError::Plan(format!(
@@ -456,13 +587,20 @@ impl Runner for GpuRunner {
             logits: vec![Vec::new(); plan.seqs.len()],
         };
         // Generated tokens of every request, eight rows a pass.
-        let decode: Vec<usize> = (0..plan.seqs.len()).filter(|&j| !plan.seqs[j].prefill).collect();
+        let decode: Vec<usize> = (0..plan.seqs.len())
+            .filter(|&j| !plan.seqs[j].prefill)
+            .collect();
         for group in decode.chunks(MAX_TOKENS) {
             let rows: Vec<Row> = group
                 .iter()
                 .map(|&j| {
                     let sq = &plan.seqs[j];
-                    Row { token: sq.tokens[0], pos: sq.start_pos, slot: sq.slot, sample: sq.sample }
+                    Row {
+                        token: sq.tokens[0],
+                        pos: sq.start_pos,
+                        slot: sq.slot,
+                        sample: sq.sample,
+                    }
                 })
                 .collect();
             let (tokens, logits) = self.pass(&rows, plan.want_logits)?;

@@ -3,8 +3,8 @@
 //! the prefill GEMM and the decode GEMV read the same buffers). Uploaded from a checkpoint, or
 //! generated on the GPU for synthetic models (the same values the CPU generator makes).
 
-use aot_kernels::dispatch::LoadedKernels;
 use aot_kernels::device::{CudaSlice, DriverError};
+use aot_kernels::dispatch::LoadedKernels;
 use half::bf16;
 
 use crate::config::Qwen3Config;
@@ -48,7 +48,10 @@ fn placement(c: &Qwen3Config, role: Role) -> (Role, usize) {
     match role {
         Role::QProj => (Role::QProj, 0),
         Role::KProj => (Role::QProj, c.num_attention_heads * h * c.hidden_size),
-        Role::VProj => (Role::QProj, (c.num_attention_heads + c.num_key_value_heads) * h * c.hidden_size),
+        Role::VProj => (
+            Role::QProj,
+            (c.num_attention_heads + c.num_key_value_heads) * h * c.hidden_size,
+        ),
         Role::GateProj => (Role::GateProj, 0),
         Role::UpProj => (Role::GateProj, c.intermediate_size * c.hidden_size),
         other => (other, 0),
@@ -103,8 +106,13 @@ pub fn upload(
     Ok(dw)
 }
 
-fn buffer<'a>(dw: &'a mut DeviceWeights, role: Role, layer: Option<usize>) -> Result<&'a mut CudaSlice<bf16>, RunnerError> {
-    let missing = || RunnerError::Device(format!("no device buffer for {role:?} of layer {layer:?}"));
+fn buffer(
+    dw: &mut DeviceWeights,
+    role: Role,
+    layer: Option<usize>,
+) -> Result<&mut CudaSlice<bf16>, RunnerError> {
+    let missing =
+        || RunnerError::Device(format!("no device buffer for {role:?} of layer {layer:?}"));
     if let Some(l) = layer {
         let lw = dw.layers.get_mut(l).ok_or_else(missing)?;
         return Ok(match role {
@@ -141,9 +149,9 @@ fn fill(
     match weights {
         Weights::Synthetic { .. } => {
             // PLACEHOLDER until the GPU generator lands: generate on the host, upload.
-            let t = weights
-                .host_tensor(c, index)
-                .ok_or_else(|| RunnerError::Device(format!("{}: no synthetic tensor", spec.name)))?;
+            let t = weights.host_tensor(c, index).ok_or_else(|| {
+                RunnerError::Device(format!("{}: no synthetic tensor", spec.name))
+            })?;
             let values = t.bf16();
             let mut sub = dst.slice_mut(offset..offset + n);
             k.stream()
@@ -151,9 +159,9 @@ fn fill(
                 .map_err(device_err(&spec.name))
         }
         Weights::Loaded(_) => {
-            let t = weights
-                .host_tensor(c, index)
-                .ok_or_else(|| RunnerError::Device(format!("{}: not in the loaded weights", spec.name)))?;
+            let t = weights.host_tensor(c, index).ok_or_else(|| {
+                RunnerError::Device(format!("{}: not in the loaded weights", spec.name))
+            })?;
             let values = t.bf16();
             let mut sub = dst.slice_mut(offset..offset + n);
             k.stream()

@@ -1,11 +1,15 @@
-//! `qwen-decode`: the command line of the aot-kernels crate.
+//! `qwen-decode`: Qwen decode on the aot-kernels backend.
 //!
-//! `qwen-decode kernels` shows the embedded kernel registry and the dispatch plan of this machine
-//! (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated] --driver X.Y`
-//! shows the plan of any other device without a GPU.
+//! - `qwen-decode run --model DIR|tiny|qwen3-4b --prompt TEXT ...` decodes, streaming tokens as
+//!   they are made (on the GPU if there is one, else on the CPU reference engine).
+//! - `qwen-decode kernels` shows the embedded kernel registry and the dispatch plan of this
+//!   machine (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated]
+//!   --driver X.Y` shows the plan of any other device without a GPU.
 //!
-//! Exit status: 0 fine, 1 a module has no usable image or failed to load, 2 usage error,
-//! 3 no CUDA device here (use --simulate).
+//! Exit status: 0 fine, 1 a failure (kernels: a module has no usable image or failed to load),
+//! 2 usage error, 3 no CUDA device here (kernels; use --simulate).
+
+mod run;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -28,6 +32,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Decode with a model: a Hugging Face folder, or the built-in `tiny` / `qwen3-4b` (synthetic weights).
+    Run(run::RunArgs),
     /// Show the embedded kernel registry and the dispatch plan (this machine's, or a simulated device's).
     Kernels(KernelsArgs),
 }
@@ -74,6 +80,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Kernels(args) => kernels(args),
+        Command::Run(args) => run::run(args),
     }
 }
 
