@@ -636,15 +636,17 @@ fn cli_verify_passes_then_names_a_flipped_byte() {
          [[module]]\nname = \"ka\"\nkind = \"cuda\"\nsource = \"ka.cu\"\nentries = [\"add_one\", \"scale\"]\n",
     )
     .expect("write manifest");
+    let cu13 = fatbin_verify::CudaRelease::new(13, 0);
     let lock = fatbin_verify::lock::Lock {
         format: fatbin_verify::lock::LOCK_FORMAT,
-        toolchain: "13.0.88".into(),
+        toolchains: [(cu13, "13.0.88".to_string())].into(),
         modules: vec![fatbin_verify::lock::LockedModule {
             name: "ka".into(),
             source_sha256: "0".repeat(64),
             images: images
                 .iter()
                 .map(|i| fatbin_verify::lock::LockedImage {
+                    toolchain: cu13,
                     target: i.target.expect("target"),
                     sha256: sha256_hex(&i.sha256),
                     size: i.size as u64,
@@ -687,7 +689,10 @@ fn cli_verify_passes_then_names_a_flipped_byte() {
     let stdout = String::from_utf8_lossy(&bad.stdout);
     assert_eq!(bad.status.code(), Some(1), "{stdout}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
-    assert!(stdout.starts_with("ka sm_80: sha256 "), "{stdout}");
+    assert!(
+        stdout.starts_with("ka sm_80 (CUDA 13.0): sha256 "),
+        "{stdout}"
+    );
 
     // A truncated file is unparsable: exit 2, naming the file.
     let cut_path = dir.path().join("cut.fatbin");
