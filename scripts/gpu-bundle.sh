@@ -74,11 +74,16 @@ echo; echo "== qwen-decode kernels (this machine, policy auto: SASS load times)"
 ./qwen-decode kernels || status=1
 echo; echo "== qwen-decode kernels --policy ptx-only with CUDA_CACHE_DISABLE=1 (cold JIT of the whole set)"
 CUDA_CACHE_DISABLE=1 ./qwen-decode kernels --policy ptx-only || status=1
+echo; echo "== CUDA 12 images forced (AOT_KERNELS_TOOLCHAIN=cuda12): what a 12.x driver loads"
+AOT_KERNELS_TOOLCHAIN=cuda12 ./qwen-decode kernels || status=1
+CUDA_CACHE_DISABLE=1 ./qwen-decode kernels --toolchain cuda12 --policy ptx-only || status=1
 ./qwen-decode kernels --json >results/kernels-auto.json || status=1
 CUDA_CACHE_DISABLE=1 ./qwen-decode kernels --policy ptx-only --json >results/kernels-ptx-cold.json || status=1
-echo; echo "== simulated plans (no GPU needed)"
+./qwen-decode kernels --toolchain cuda12 --json >results/kernels-cuda12.json || status=1
+echo; echo "== simulated plans (no GPU needed): Thor on JetPack 7, Orin on JetPack 6, H100 on r550"
 ./qwen-decode kernels --simulate 11.0 --integrated --driver 13.0 | tail -n 4 || status=1
-./qwen-decode kernels --simulate 8.7 --integrated --driver 13.0 | tail -n 4 || status=1
+./qwen-decode kernels --simulate 8.7 --integrated --driver 12.6 | tail -n 4 || status=1
+./qwen-decode kernels --simulate 9.0 --driver 12.4 | tail -n 4 || status=1
 
 [ "$failed" = 0 ] && [ "$skipped" = 0 ] || status=1
 echo; echo "== summary: tests passed $passed, failed $failed, ignored $ignored, skipped $skipped; overall $([ $status = 0 ] && echo OK || echo FAILED)"
