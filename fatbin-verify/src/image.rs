@@ -110,7 +110,8 @@ pub struct ImageInfo {
     /// cubin's `.note.nv.tkinfo`, a PTX file's header comment.
     pub toolkit: Option<String>,
     /// CUDA release that made the image: from `toolkit` when present, else only the major its
-    /// format implies (cubin ELF ABI 8: 13, 7: 12; PTX ISA 9.x: 13, 8.x: 12). See [`crate::toolkit`].
+    /// format implies (cubin ELF ABI 7: 12, 8 below sm_100: 13; PTX ISA 9.x: 13, 8.x: 12).
+    /// See [`crate::toolkit`].
     pub cuda: Option<CudaRelease>,
     /// The fatbin entry's identifier string (usually the source file name).
     pub identifier: Option<String>,
@@ -388,7 +389,8 @@ fn entry_info(
         }
         _ => info.size = payload.len(),
     }
-    info.cuda = toolkit::image_release(info.toolkit.as_deref(), info.elf_abi, info.ptx_version);
+    let abi_sm = info.elf_abi.zip(info.target.map(|t| t.sm));
+    info.cuda = toolkit::image_release(info.toolkit.as_deref(), abi_sm, info.ptx_version);
     check_padding(entry, info.kind, info.size)?;
     let identity = payload.get(..info.size).unwrap_or(&payload);
     info.sha256 = digest(identity);
@@ -459,7 +461,7 @@ fn bare_cubin(bytes: &[u8]) -> Result<ImageInfo, Error> {
         kernels: cubin.kernels,
         cuda: toolkit::image_release(
             cubin.toolkit.as_deref(),
-            Some(u32::from(cubin.abi_version)),
+            Some((u32::from(cubin.abi_version), cubin.target.sm)),
             None,
         ),
         toolkit: cubin.toolkit,

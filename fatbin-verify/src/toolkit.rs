@@ -2,8 +2,11 @@
 //!
 //! Evidence, best first: a toolkit string (`Cuda compilation tools, release 12.9, V12.9.86`, in a
 //! cubin's `.note.nv.tkinfo` or a PTX file's header comment) gives the release; without one, a
-//! cubin's ELF ABI version (ptxas 13.x writes 8, 12.x and older 7) or a PTX `.version` (ISA 8.x
-//! comes from CUDA 12, 9.x from CUDA 13) gives the major only.
+//! cubin's ELF ABI version or a PTX `.version` (ISA 8.x comes from CUDA 12, 9.x from CUDA 13)
+//! gives the major only. ABI 7 (layout v1) is CUDA 12's (and older); ABI 8 (layout v2) is what
+//! ptxas 13.x writes for every SM, but ptxas 12.9 writes it too for sm_100 and later, so ABI 8
+//! says CUDA 13 only below sm_100. (fatbinary blanks PTX comments, so PTX inside a fatbin has
+//! only its ISA to tell.)
 
 use std::fmt;
 use std::str::FromStr;
@@ -115,11 +118,12 @@ pub fn ptx_toolkit_string(ptx: &[u8]) -> Option<String> {
     None
 }
 
-/// The CUDA major whose ptxas writes this cubin ELF ABI version. 8 is CUDA 13's; 7 was written
-/// by CUDA 11 and 12 alike, taken here as 12 (no toolchain older than 12 is supported).
-pub fn major_of_elf_abi(abi: u32) -> Option<u32> {
+/// The CUDA major whose ptxas writes this cubin ELF ABI version for SM `sm`. 7 was written by
+/// CUDA 11 and 12 alike, taken here as 12 (no toolchain older than 12 is supported); 8 below
+/// sm_100 only by CUDA 13 (ptxas 12.9 writes 8 for sm_100 and later too: unknown there).
+pub fn major_of_elf_abi(abi: u32, sm: u32) -> Option<u32> {
     match abi {
-        8 => Some(13),
+        8 if sm < 100 => Some(13),
         7 => Some(12),
         _ => None,
     }
@@ -135,17 +139,18 @@ pub fn major_of_ptx_isa(isa: (u32, u32)) -> Option<u32> {
     }
 }
 
-/// The release an image records: its toolkit string if it has one, else the major its format implies.
+/// The release an image records: its toolkit string if it has one, else the major its format
+/// implies. `elf_abi` is a cubin's (ABI version, SM).
 pub fn image_release(
     toolkit: Option<&str>,
-    elf_abi: Option<u32>,
+    elf_abi: Option<(u32, u32)>,
     ptx_version: Option<(u32, u32)>,
 ) -> Option<CudaRelease> {
     toolkit
         .and_then(release_of_toolkit_string)
         .or_else(|| {
             elf_abi
-                .and_then(major_of_elf_abi)
+                .and_then(|(abi, sm)| major_of_elf_abi(abi, sm))
                 .map(CudaRelease::major_only)
         })
         .or_else(|| {
@@ -186,11 +191,13 @@ mod tests {
     #[test]
     fn falls_back_to_the_major_the_format_implies() {
         assert_eq!(
-            image_release(None, Some(8), None),
+            image_release(None, Some((8, 90)), None),
             Some(CudaRelease::major_only(13))
         );
+        // ptxas 12.9 writes ABI 8 for Blackwell: no toolkit string, no verdict.
+        assert_eq!(image_release(None, Some((8, 100)), None), None);
         assert_eq!(
-            image_release(None, Some(7), None),
+            image_release(None, Some((7, 90)), None),
             Some(CudaRelease::major_only(12))
         );
         assert_eq!(
@@ -198,10 +205,10 @@ mod tests {
             Some(CudaRelease::major_only(12))
         );
         assert_eq!(
-            image_release(Some(TK), Some(7), None),
+            image_release(Some(TK), Some((8, 120)), None),
             Some(CudaRelease::new(12, 9))
         );
-        assert_eq!(image_release(None, Some(5), Some((6, 0))), None);
+        assert_eq!(image_release(None, Some((5, 90)), Some((6, 0))), None);
     }
 
     #[test]
