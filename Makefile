@@ -22,8 +22,10 @@ verify: build
 run: verify
 	@# Exit status 3 means "no CUDA device here": the plan is still printed, and that is not a failure.
 	$(RELEASE)/qwen-decode kernels || [ $$? -eq 3 ]
+	@# Thor on JetPack 7 (CUDA 13 images), Orin on JetPack 6 and an H100 on r550 (CUDA 12 images).
 	$(RELEASE)/qwen-decode kernels --simulate 11.0 --integrated --driver 13.0
-	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.8
+	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.6
+	$(RELEASE)/qwen-decode kernels --simulate 9.0 --driver 12.4
 
 lint:
 	$(CARGO) fmt --all -- --check

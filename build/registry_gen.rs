@@ -1,12 +1,18 @@
 //! Writes `registry.rs` into OUT_DIR: the static table `src/registry.rs` exposes.
-//! Each module's fatbin is embedded once (`include_bytes!`); image records point into it.
+//! Each module's fatbin file (one container per toolchain) is embedded once (`include_bytes!`);
+//! image records point into it.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use fatbin_verify::{Target, Variant};
+use fatbin_verify::manifest::Manifest;
+use fatbin_verify::{CudaRelease, Target, Variant};
 
-use super::{io_err, BuildError, BuiltModule, Config, ImageFormat, LockStatus, Toolchain};
+use super::{io_err, BuildError, BuiltModule, Config, ImageFormat, LockStatus, Toolchains};
+
+fn release_expr(c: CudaRelease) -> String {
+    format!("CudaRelease {{ major: {}, minor: {:?} }}", c.major, c.minor)
+}
 
 fn target_expr(t: Target) -> String {
     let variant = match t.variant {
@@ -22,7 +28,8 @@ fn target_expr(t: Target) -> String {
 
 pub fn write(
     config: &Config,
-    toolchain: &Toolchain,
+    manifest: &Manifest,
+    toolchains: &Toolchains,
     lock_status: &LockStatus,
     modules: &[BuiltModule],
 ) -> Result<PathBuf, BuildError> {
@@ -50,8 +57,9 @@ pub fn write(
             };
             let _ = writeln!(
                 s,
-                "            ImageRecord {{ module: {:?}, target: {}, format: {format}, sha256: {:?}, size: {}, offset: {}, ptx_version: {ptx_version} }},",
+                "            ImageRecord {{ module: {:?}, toolchain: {}, target: {}, format: {format}, sha256: {:?}, size: {}, offset: {}, ptx_version: {ptx_version} }},",
                 m.name,
+                release_expr(i.toolchain),
                 target_expr(i.target),
                 i.sha256,
                 i.size,
@@ -76,11 +84,27 @@ pub fn write(
     } else {
         "\"\"".into()
     };
+    let primary = toolchains.primary;
+    let mut list = format!(
+        "ToolchainInfo {{ cuda: {}, compiler: \"nvcc\", version: {:?}, source: {:?} }}, ",
+        release_expr(manifest.toolchain.cuda),
+        primary.version,
+        primary.source.to_string()
+    );
+    for e in toolchains.extra {
+        let _ = write!(
+            list,
+            "ToolchainInfo {{ cuda: {}, compiler: \"nvrtc\", version: {:?}, source: {:?} }}, ",
+            release_expr(e.cuda),
+            e.version,
+            e.nvrtc.path().display().to_string()
+        );
+    }
     let _ = writeln!(
         s,
-        "pub(crate) static BUILD: BuildInfo = BuildInfo {{\n    toolchain: {:?},\n    toolchain_source: {:?},\n    lock_status: {:?},\n    target_filter: {filter},\n    manifest_toml: include_str!({:?}),\n    lock_toml: {lock_toml},\n}};",
-        toolchain.version,
-        toolchain.source.to_string(),
+        "pub(crate) static BUILD: BuildInfo = BuildInfo {{\n    toolchain: {:?},\n    toolchain_source: {:?},\n    toolchains: &[{list}],\n    lock_status: {:?},\n    target_filter: {filter},\n    manifest_toml: include_str!({:?}),\n    lock_toml: {lock_toml},\n}};",
+        primary.version,
+        primary.source.to_string(),
         lock_status.to_string(),
         config.manifest_path.display().to_string(),
     );

@@ -98,7 +98,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     float m_run[kMaxGroup], l_run[kMaxGroup], o[kMaxGroup][kPerLane];
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
-        m_run[h] = -INFINITY;
+        m_run[h] = aot::neg_inf();
         l_run[h] = 0.0f;
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) o[h][e] = 0.0f;
@@ -137,7 +137,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         for (int h = 0; h < kMaxGroup; ++h) {
             if (h < group) {
                 sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], 16);
-                if (!valid) sc[h] = -INFINITY;
+                if (!valid) sc[h] = aot::neg_inf();
             }
         }
 
@@ -149,7 +149,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 #pragma unroll
             for (int off = 8; off > 0; off >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, off));
             const float m_new = fmaxf(m_run[h], bmax);
-            const float alpha = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+            const float alpha = m_run[h] == aot::neg_inf() ? 0.0f : exp2f(m_run[h] - m_new);
             const float pr = valid ? exp2f(sc[h] - m_new) : 0.0f;
             float bsum = pr;
 #pragma unroll
@@ -205,11 +205,11 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const bool single = sp.count == 1;
     for (int i = threadIdx.x; i < group * D; i += kThreads) {
         const int h = i / D, d = i - h * D;
-        float mm = -INFINITY;
+        float mm = aot::neg_inf();
         for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, merge_m[w][h]);
         float ll = 0.0f, oo = 0.0f;
         for (int w = 0; w < kWarps; ++w) {
-            if (merge_m[w][h] == -INFINITY) continue;
+            if (merge_m[w][h] == aot::neg_inf()) continue;
             const float f = exp2f(merge_m[w][h] - mm);
             ll += merge_l[w][h] * f;
             oo += merge_o[(w * kMaxGroup + h) * D + d] * f;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         const int h = i / D, d = i - h * D;
         const int qh = kvh * group + h;
         const int64_t cell0 = (static_cast<int64_t>(row) * p.q_heads + qh) * kMaxSplits;
-        float mm = -INFINITY;
+        float mm = aot::neg_inf();
         for (int s = 0; s < sp.count; ++s) mm = fmaxf(mm, __ldcg(p.ws_ml + (cell0 + s) * 2));
         float ll = 0.0f, oo = 0.0f;
         for (int s = 0; s < sp.count; ++s) {

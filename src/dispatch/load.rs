@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
-use fatbin_verify::Target;
+use fatbin_verify::{CudaRelease, Target};
 use serde::Serialize;
 
 use super::driver::{self, function_attributes, FunctionAttributes, OpenDevice};
 use super::error::{translate, DispatchError};
 use super::plan::select_for_module;
-use super::policy::Policy;
-use super::select::{DeviceSpec, Reason};
+use super::policy::{Policy, ToolchainChoice};
+use super::select::{DeviceSpec, Reason, Selection, Version};
 use super::source::{parse_ptx_version, ImageBytes, ModuleSource};
 use super::verify::{verify_image, verify_static_image, HashCheck};
 
@@ -32,6 +32,10 @@ pub struct EntryReport {
 pub struct ModuleReport {
     pub module: String,
     pub target: Target,
+    /// CUDA release of the toolchain that made the image.
+    pub toolchain: CudaRelease,
+    /// The oldest driver that loads it.
+    pub min_driver: Version,
     pub reason: Reason,
     pub why: String,
     /// The driver compiled PTX at load.
@@ -74,8 +78,19 @@ impl LoadReport {
         );
         let _ = writeln!(
             out,
-            "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  why",
-            "module", "entry", "image", "jit", "load_us", "hash_us", "regs", "smem", "bin", "ptx"
+            "{:<12} {:<26} {:<11} {:<5} {:<8} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  why",
+            "module",
+            "entry",
+            "image",
+            "cuda",
+            "driver>=",
+            "jit",
+            "load_us",
+            "hash_us",
+            "regs",
+            "smem",
+            "bin",
+            "ptx"
         );
         for m in &self.modules {
             for e in &m.entries {
@@ -87,10 +102,12 @@ impl LoadReport {
                 };
                 let _ = writeln!(
                     out,
-                    "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
+                    "{:<12} {:<26} {:<11} {:<5} {:<8} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
                     m.module,
                     e.entry,
                     m.target.to_string(),
+                    m.toolchain.to_string(),
+                    m.min_driver.to_string(),
                     if m.jit { "yes" } else { "no" },
                     m.load_us,
                     hash,
@@ -188,10 +205,13 @@ pub fn load_all(policy: Policy) -> Result<LoadedKernels, DispatchError> {
     load_modules(&device, 0, policy, &ModuleSource::registry())
 }
 
-/// Load the policy from `AOT_KERNELS_POLICY` (default auto) and every registry module on device 0.
+/// Load the policy from `AOT_KERNELS_POLICY` (default auto) and the toolchain choice from
+/// `AOT_KERNELS_TOOLCHAIN` (default newest), and every registry module on device 0.
 pub fn load_all_from_env() -> Result<LoadedKernels, DispatchError> {
     let policy = Policy::from_env()?;
-    load_all(policy)
+    let choice = ToolchainChoice::from_env()?;
+    let device = driver::open_device(0)?;
+    load_modules(&device, 0, policy, &ModuleSource::registry_with(choice))
 }
 
 /// Select, verify and load one image per module on an open device. `modules` may be a subset
@@ -207,9 +227,10 @@ pub fn load_modules(
     for m in modules {
         let (lm, report) = load_module(device, policy, m)?;
         log::info!(
-            "aot-kernels: {} -> {} ({}), load {} us, hash {} us{}",
+            "aot-kernels: {} -> {} of CUDA {} ({}), load {} us, hash {} us{}",
             report.module,
             report.target,
+            report.toolchain,
             report.why,
             report.load_us,
             report.hash_us,
@@ -236,12 +257,12 @@ pub fn load_modules(
 }
 
 /// Everything that happens before the driver sees an image: selection, hash, PTX checks.
-/// Returns the index of the image to load and the hash check's cost.
+/// Returns the selection and the hash check's cost.
 pub fn check_module(
     device: &DeviceSpec,
     policy: Policy,
     m: &ModuleSource,
-) -> Result<(usize, Reason, HashCheck), DispatchError> {
+) -> Result<(Selection, HashCheck), DispatchError> {
     let sel = select_for_module(device, policy, m).map_err(|source| DispatchError::NoImage {
         module: m.name.clone(),
         source,
@@ -272,7 +293,7 @@ pub fn check_module(
             });
         }
     }
-    Ok((sel.index, sel.reason, hash))
+    Ok((sel, hash))
 }
 
 fn load_module(
@@ -280,8 +301,8 @@ fn load_module(
     policy: Policy,
     m: &ModuleSource,
 ) -> Result<(LoadedModule, ModuleReport), DispatchError> {
-    let (index, reason, hash) = check_module(&device.spec, policy, m)?;
-    let img = &m.images[index];
+    let (sel, hash) = check_module(&device.spec, policy, m)?;
+    let (reason, img) = (sel.reason, &m.images[sel.index]);
     let start = Instant::now();
     let module =
         driver::load_image(&device.ctx, img.bytes.as_slice(), img.is_ptx()).map_err(|e| {
@@ -317,6 +338,8 @@ fn load_module(
     let report = ModuleReport {
         module: m.name.clone(),
         target: img.target,
+        toolchain: sel.toolchain,
+        min_driver: sel.min_driver,
         reason,
         why: reason.to_string(),
         jit: img.is_ptx(),

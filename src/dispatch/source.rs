@@ -1,8 +1,9 @@
 //! The dispatcher's view of a module: its entries and images, taken from the embedded registry
 //! or handed in by a caller (a registry subset, or an altered image in a test).
 
-use fatbin_verify::Target;
+use fatbin_verify::{CudaRelease, Target};
 
+use super::policy::ToolchainChoice;
 use super::select::ImageCandidate;
 use crate::registry::{self, ModuleRecord};
 
@@ -25,6 +26,8 @@ impl ImageBytes {
 /// One image: a cubin (`sm_XY`) or PTX text (`compute_XY`, without a trailing NUL).
 #[derive(Debug, Clone)]
 pub struct ImageSource {
+    /// CUDA release of the toolchain that made it.
+    pub toolchain: CudaRelease,
     pub target: Target,
     /// Lower-case hex sha256 the build recorded for these bytes.
     pub sha256: String,
@@ -42,6 +45,7 @@ impl ImageSource {
         ImageCandidate {
             target: self.target,
             ptx_version: self.ptx_version,
+            toolchain: self.toolchain,
         }
     }
 }
@@ -59,6 +63,7 @@ impl ModuleSource {
             .images
             .iter()
             .map(|img| ImageSource {
+                toolchain: img.toolchain,
                 target: img.target,
                 sha256: img.sha256.to_string(),
                 ptx_version: img.ptx_version,
@@ -80,8 +85,22 @@ impl ModuleSource {
             .collect()
     }
 
-    /// The same module as a build without `target` would carry: the honest way to test a
-    /// fallback without rebuilding.
+    /// Every module of the embedded registry, limited to the images `choice` allows.
+    pub fn registry_with(choice: ToolchainChoice) -> Vec<ModuleSource> {
+        Self::registry()
+            .into_iter()
+            .map(|m| m.with_toolchains(choice))
+            .collect()
+    }
+
+    /// The same module with only the images `choice` allows (`cuda12`: the CUDA 12 ones), as a
+    /// build of that toolchain alone would carry them.
+    pub fn with_toolchains(self, choice: ToolchainChoice) -> Self {
+        self.retain_images(|img| choice.allows(img.toolchain))
+    }
+
+    /// The same module as a build without `target` (of any toolchain) would carry: the honest
+    /// way to test a fallback without rebuilding.
     pub fn without_target(mut self, target: Target) -> Self {
         self.images.retain(|img| img.target != target);
         self

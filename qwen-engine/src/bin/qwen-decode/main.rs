@@ -14,7 +14,9 @@ mod run;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use aot_kernels::dispatch::{self, DeviceSpec, LoadReport, ModuleSource, Plan, Policy, Version};
+use aot_kernels::dispatch::{
+    self, DeviceSpec, LoadReport, ModuleSource, Plan, Policy, ToolchainChoice, Version,
+};
 use aot_kernels::registry;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
@@ -46,6 +48,10 @@ struct KernelsArgs {
     /// auto (SASS, then PTX), sass-only or ptx-only; default from AOT_KERNELS_POLICY, else auto.
     #[arg(long, value_name = "POLICY")]
     policy: Option<Policy>,
+    /// newest (the newest toolchain the driver accepts), cuda12 or cuda13 (only that toolchain's
+    /// images); default from AOT_KERNELS_TOOLCHAIN, else newest.
+    #[arg(long, value_name = "CHOICE")]
+    toolchain: Option<ToolchainChoice>,
     /// Plan for a device with this compute capability (MAJOR.MINOR, e.g. 11.0) instead of this machine's GPU.
     #[arg(long, value_name = "X.Y", requires = "driver")]
     simulate: Option<Version>,
@@ -60,6 +66,9 @@ struct KernelsArgs {
 #[derive(Serialize)]
 struct KernelsJson<'a> {
     build: &'static registry::BuildInfo,
+    /// Bytes of embedded fatbins, every module and toolchain.
+    registry_bytes: usize,
+    toolchain_choice: ToolchainChoice,
     plan: &'a Plan,
     #[serde(skip_serializing_if = "Option::is_none")]
     load: Option<&'a LoadReport>,
@@ -84,7 +93,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// One line per module: its entries and images (sizes and hashes are in `--json`).
+/// The toolchains, then per module and toolchain its images (sizes and hashes are in `--json`).
 fn registry_table() -> String {
     let b = registry::build_info();
     let mut out = String::new();
@@ -92,29 +101,41 @@ fn registry_table() -> String {
         .target_filter
         .map(|f| format!(", limited to AOT_TARGETS={f}"))
         .unwrap_or_default();
+    let toolchains: Vec<String> = b
+        .toolchains
+        .iter()
+        .map(|t| format!("CUDA {} ({} {})", t.cuda, t.compiler, t.version))
+        .collect();
     let _ = writeln!(
         out,
-        "kernel registry: nvcc {} ({}){filter}; lock {}",
-        b.toolchain, b.toolchain_source, b.lock_status
+        "kernel registry: {}{filter}; {} KiB embedded; lock {}",
+        toolchains.join(", "),
+        registry::embedded_bytes().div_ceil(1024),
+        b.lock_status
     );
     for m in registry::modules() {
-        let images: Vec<String> = m
-            .images
-            .iter()
-            .map(|i| match i.ptx_version {
-                Some((a, b)) => format!("{} (PTX {a}.{b})", i.target),
-                None => i.target.to_string(),
-            })
-            .collect();
-        let bytes: usize = m.images.iter().map(|i| i.size).sum();
-        let _ = writeln!(
-            out,
-            "  {} [{}]: {}; {} KiB",
-            m.name,
-            m.entries.join(", "),
-            images.join(" "),
-            bytes.div_ceil(1024)
-        );
+        let _ = writeln!(out, "  {} [{}]:", m.name, m.entries.join(", "));
+        for t in b.toolchains {
+            let mine: Vec<_> = m.images.iter().filter(|i| i.toolchain == t.cuda).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let images: Vec<String> = mine
+                .iter()
+                .map(|i| match i.ptx_version {
+                    Some((a, b)) => format!("{} (PTX {a}.{b})", i.target),
+                    None => i.target.to_string(),
+                })
+                .collect();
+            let bytes: usize = mine.iter().map(|i| i.size).sum();
+            let _ = writeln!(
+                out,
+                "    CUDA {}: {}; {} KiB",
+                t.cuda,
+                images.join(" "),
+                bytes.div_ceil(1024)
+            );
+        }
     }
     out
 }
@@ -127,7 +148,18 @@ fn kernels(args: KernelsArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let modules = ModuleSource::registry();
+    let choice = match args
+        .toolchain
+        .map(Ok)
+        .unwrap_or_else(ToolchainChoice::from_env)
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let modules = ModuleSource::registry_with(choice);
 
     // A simulated device needs no driver; otherwise open GPU 0 and read what it is.
     let (device, opened, device_error) = match (args.simulate, args.driver) {
@@ -149,7 +181,7 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     let Some(device) = device else {
         let msg = device_error.unwrap_or_default();
         if args.json {
-            let out = serde_json::json!({ "build": registry::build_info(), "registry": registry::modules(), "error": msg });
+            let out = serde_json::json!({ "build": registry::build_info(), "registry_bytes": registry::embedded_bytes(), "registry": registry::modules(), "error": msg });
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         } else {
             print!("{}", registry_table());
@@ -159,9 +191,15 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     };
 
     let plan = dispatch::plan(device, policy, args.simulate.is_some(), &modules);
-    let mut error = plan
-        .has_errors()
-        .then(|| "a module has no usable image on this device; see the plan".to_string());
+    let mut error = plan.has_errors().then(|| {
+        match dispatch::oldest_driver_for_all(device, policy, &modules) {
+            Some(needed) if needed > device.driver => format!(
+                "the driver (CUDA {}) is too old for these kernels: the oldest driver that runs every module here supports CUDA {needed}. Update the NVIDIA driver (CUDA 12.x: r525 or later; CUDA 13.x: r580 or later)",
+                device.driver
+            ),
+            _ => "a module has no usable image on this device; see the plan".to_string(),
+        }
+    });
 
     // On a real device, load what the plan chose so the driver's own view is reported.
     let loaded = match (&opened, error.is_none()) {
@@ -179,6 +217,8 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     if args.json {
         let out = KernelsJson {
             build: registry::build_info(),
+            registry_bytes: registry::embedded_bytes(),
+            toolchain_choice: choice,
             plan: &plan,
             load,
             error: error.clone(),
@@ -190,6 +230,9 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     } else {
         print!("{}", registry_table());
         println!();
+        if choice != ToolchainChoice::Newest {
+            println!("images limited to {choice} (--toolchain / AOT_KERNELS_TOOLCHAIN)");
+        }
         print!("{}", plan.to_table());
         if let Some(r) = load {
             println!();
