@@ -141,6 +141,8 @@ pub struct LoadedKernels {
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
     sm_count: usize,
+    /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
+    smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
 }
 
 impl std::fmt::Debug for LoadedKernels {
@@ -196,6 +198,48 @@ impl LoadedKernels {
     /// Streaming multiprocessors of the device.
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// Lets `entry` launch with `bytes` of dynamic shared memory: past 48 KiB (static included)
+    /// the driver needs an explicit opt-in. Done once per function and size, so that launches
+    /// inside a CUDA graph capture make no driver calls besides the launch.
+    pub fn allow_dynamic_smem(
+        &self,
+        module: &str,
+        entry: &str,
+        bytes: usize,
+    ) -> Result<(), DispatchError> {
+        let key = (module.to_string(), entry.to_string());
+        let mut allowed = self.smem_allowed.lock().unwrap_or_else(|p| p.into_inner());
+        if allowed.get(&key).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        let f = self.function(module, entry)?;
+        let fail = |e| DispatchError::Function {
+            module: module.to_string(),
+            target: self
+                .report
+                .modules
+                .iter()
+                .find(|m| m.module == module)
+                .map_or(fatbin_verify::Target::ptx(80), |m| m.target),
+            entry: entry.to_string(),
+            failure: translate(e),
+        };
+        let static_bytes = f
+            .get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+            .map_err(fail)? as usize;
+        if static_bytes + bytes > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(fail)?;
+        }
+        allowed.insert(key, bytes);
+        Ok(())
     }
 }
 
@@ -253,6 +297,7 @@ pub fn load_modules(
         modules: loaded,
         report,
         sm_count: device.sm_count,
+        smem_allowed: Default::default(),
     })
 }
 

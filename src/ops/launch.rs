@@ -3,7 +3,6 @@
 
 use std::marker::PhantomData;
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg,
@@ -232,7 +231,7 @@ pub(crate) fn check_view(
 
 /// Launches `entry` with one by-value parameter block (a `#[repr(C)]` mirror of the kernel's
 /// struct, filled from checked views). Raises the function's dynamic shared-memory limit first
-/// when `cfg` asks for more than the default 48 KiB.
+/// when static plus dynamic shared memory pass the default 48 KiB.
 pub(crate) fn launch_params<P: DeviceRepr>(
     kernels: &LoadedKernels,
     op: &'static str,
@@ -242,13 +241,8 @@ pub(crate) fn launch_params<P: DeviceRepr>(
     params: &P,
 ) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
-    if cfg.shared_mem_bytes > 48 * 1024 {
-        function
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                cfg.shared_mem_bytes as i32,
-            )
-            .map_err(|source| OpsError::Driver { op, source })?;
+    if cfg.shared_mem_bytes > 0 {
+        kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
     }
     let stream = kernels.stream();
     let mut builder = stream.launch_builder(&function);
