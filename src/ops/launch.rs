@@ -1,6 +1,7 @@
 //! The one thin layer that launches kernels: shape checks, then the unsafe driver launch.
 //! Typed launchers in the op modules build on [`launch`]; nothing above them sees raw pointers.
 
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 use crate::dispatch::{DispatchError, LoadedKernels};
@@ -12,6 +13,8 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::rmsnorm::MODULE, super::rmsnorm::ENTRY_FUSED_ADD),
     (super::rotary::MODULE, super::rotary::ENTRY),
     (super::activation::MODULE, super::activation::ENTRY),
+    (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
+    (super::sampling::MODULE, super::sampling::ENTRY),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +51,43 @@ pub(crate) fn check_len<T>(
     Ok(())
 }
 
+/// Checks that `slice` holds `rows` rows of `row_len` elements whose starts are `stride` apart.
+pub(crate) fn check_rows<T>(
+    op: &'static str,
+    what: &str,
+    slice: &CudaSlice<T>,
+    rows: usize,
+    row_len: usize,
+    stride: usize,
+) -> Result<(), OpsError> {
+    if stride < row_len {
+        return Err(OpsError::Shape {
+            op,
+            message: format!("`{what}` row stride {stride} is shorter than a row ({row_len})"),
+        });
+    }
+    let want = match rows {
+        0 => 0,
+        _ => (rows - 1)
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(row_len))
+            .ok_or_else(|| OpsError::Shape {
+                op,
+                message: format!("`{what}`: {rows} rows {stride} apart overflow the address space"),
+            })?,
+    };
+    if slice.len() < want {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "`{what}` holds {} elements, {rows} rows of {row_len} with stride {stride} need {want}",
+                slice.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The number of elements of a shape, or a shape error if it does not fit in memory.
 pub(crate) fn elements(op: &'static str, what: &str, dims: &[usize]) -> Result<usize, OpsError> {
     dims.iter()
@@ -65,6 +105,25 @@ pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, OpsE
     })
 }
 
+/// `n` as a grid dimension (x allows up to 2^31 - 1 blocks, y and z 65535: pass the limit).
+pub(crate) fn grid_dim(
+    op: &'static str,
+    what: &str,
+    n: usize,
+    limit: u32,
+) -> Result<u32, OpsError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&v| v >= 1 && v <= limit)
+        .ok_or_else(|| OpsError::Shape {
+            op,
+            message: format!("{n} {what} do not fit one launch (1..={limit})"),
+        })
+}
+
+/// The largest x grid dimension.
+pub(crate) const MAX_GRID_X: u32 = i32::MAX as u32;
+
 /// Threads per block for a row of `work` items: a whole number of warps, at most 1024.
 pub(crate) fn block_threads(work: usize) -> u32 {
     (work.max(1).next_multiple_of(32)).min(1024) as u32
@@ -73,12 +132,19 @@ pub(crate) fn block_threads(work: usize) -> u32 {
 /// A kernel argument, in the order of the kernel's parameter list.
 pub(crate) enum Arg<'a> {
     Out(&'a mut CudaSlice<half::bf16>),
+    OutI32(&'a mut CudaSlice<i32>),
     In(&'a CudaSlice<half::bf16>),
     InI32(&'a CudaSlice<i32>),
+    InU32(&'a CudaSlice<u32>),
+    InU64(&'a CudaSlice<u64>),
     InF32(&'a CudaSlice<f32>),
     I32(i32),
+    U64(u64),
     F32(f32),
 }
+
+/// Shared memory a block may use without opting in (`cuFuncSetAttribute`).
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// Launches `entry` of `module` with arguments whose shapes the caller has checked.
 pub(crate) fn launch(
@@ -90,16 +156,23 @@ pub(crate) fn launch(
     args: &mut [Arg<'_>],
 ) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
+    if cfg.shared_mem_bytes > DEFAULT_SHARED_LIMIT {
+        opt_in_shared_memory(kernels, op, &function, cfg.shared_mem_bytes)?;
+    }
     let stream = kernels.stream();
     let mut builder = stream.launch_builder(&function);
     // Scalars are pushed by reference; they live in `args` until the launch returns.
     for arg in args.iter_mut() {
         match arg {
             Arg::Out(s) => builder.arg(&mut **s),
+            Arg::OutI32(s) => builder.arg(&mut **s),
             Arg::In(s) => builder.arg(&**s),
             Arg::InI32(s) => builder.arg(&**s),
+            Arg::InU32(s) => builder.arg(&**s),
+            Arg::InU64(s) => builder.arg(&**s),
             Arg::InF32(s) => builder.arg(&**s),
             Arg::I32(v) => builder.arg(&*v),
+            Arg::U64(v) => builder.arg(&*v),
             Arg::F32(v) => builder.arg(&*v),
         };
     }
@@ -109,4 +182,33 @@ pub(crate) fn launch(
     unsafe { builder.launch(cfg) }
         .map(|_| ())
         .map_err(|source| OpsError::Driver { op, source })
+}
+
+/// Raises `function`'s dynamic shared-memory limit to `bytes`, or says why this GPU cannot give a
+/// block that much (sm_86/89/120-class GPUs allow 99 KiB, A100 163 KiB, Hopper 227 KiB).
+fn opt_in_shared_memory(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    function: &CudaFunction,
+    bytes: u32,
+) -> Result<(), OpsError> {
+    let driver = |source| OpsError::Driver { op, source };
+    let limit = kernels
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(driver)?;
+    if i64::from(bytes) > i64::from(limit) {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "needs {bytes} bytes of shared memory per block; this GPU allows {limit}"
+            ),
+        });
+    }
+    function
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(driver)
 }

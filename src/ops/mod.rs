@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod compare;
+pub mod init;
 pub mod launch;
 pub mod random;
 pub mod rmsnorm;
