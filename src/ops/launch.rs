@@ -14,6 +14,21 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::rotary::MODULE, super::rotary::ENTRY),
     (super::activation::MODULE, super::activation::ENTRY),
     (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
+    (super::gemm::MODULE, super::gemm::ENTRY_BF16),
+    (super::gemm::MODULE, super::gemm::ENTRY_F32),
+    (super::qk_norm_rope::MODULE, super::qk_norm_rope::ENTRY),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D64,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D128,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D256,
+    ),
     (super::sampling::MODULE, super::sampling::ENTRY),
 ];
 
@@ -132,6 +147,7 @@ pub(crate) fn block_threads(work: usize) -> u32 {
 /// A kernel argument, in the order of the kernel's parameter list.
 pub(crate) enum Arg<'a> {
     Out(&'a mut CudaSlice<half::bf16>),
+    OutF32(&'a mut CudaSlice<f32>),
     OutI32(&'a mut CudaSlice<i32>),
     In(&'a CudaSlice<half::bf16>),
     InI32(&'a CudaSlice<i32>),
@@ -165,6 +181,7 @@ pub(crate) fn launch(
     for arg in args.iter_mut() {
         match arg {
             Arg::Out(s) => builder.arg(&mut **s),
+            Arg::OutF32(s) => builder.arg(&mut **s),
             Arg::OutI32(s) => builder.arg(&mut **s),
             Arg::In(s) => builder.arg(&**s),
             Arg::InI32(s) => builder.arg(&**s),

@@ -5,9 +5,13 @@
 //! random inputs, and [`compare`] measures the distance in bf16 units in the last place.
 
 pub mod activation;
+pub mod attention_prefill;
 pub mod compare;
+pub mod gemm;
 pub mod init;
+pub mod kv_cache;
 pub mod launch;
+pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
