@@ -26,6 +26,10 @@
 #include "aot_mma.cuh"
 #include "aot_paged_kv.cuh"
 
+// Dynamic shared memory, declared at file scope: a declaration inside the anonymous namespace
+// would carry a path-dependent name into the PTX, and the image would change with the folder.
+extern __shared__ __align__(128) uint8_t attention_prefill_smem[];
+
 namespace {
 
 constexpr int kBM = 64;
@@ -48,8 +52,7 @@ __device__ __forceinline__ void attention_prefill(__nv_bfloat16* __restrict__ ou
     constexpr int kChunks = D / 8;  // 16-byte chunks per row
     constexpr int kQBytes = kBM * D * 2;
     constexpr int kKvBytes = BN * D * 2;
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t q_base = aot::smem_addr(smem);
+    const uint32_t q_base = aot::smem_addr(attention_prefill_smem);
     // Stage s: K at q_base + kQBytes + s * 2 * kKvBytes, V right after it.
     auto k_stage = [&](int s) { return q_base + kQBytes + static_cast<uint32_t>(s * 2 * kKvBytes); };
 

@@ -18,6 +18,10 @@
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
+// Dynamic shared memory, declared at file scope: a declaration inside the anonymous namespace
+// would carry a path-dependent name into the PTX, and the image would change with the folder.
+extern __shared__ __align__(128) uint8_t gemm_bf16_smem[];
+
 namespace {
 
 constexpr int kBM = 128;
@@ -48,8 +52,7 @@ template <typename OutT>
 __device__ __forceinline__ void gemm_tn(OutT* __restrict__ C, const __nv_bfloat16* __restrict__ A,
                                         const __nv_bfloat16* __restrict__ W, int M, int N, int K, int lda,
                                         int ldw, int ldc) {
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t smem_base = aot::smem_addr(smem);
+    const uint32_t smem_base = aot::smem_addr(gemm_bf16_smem);
 
     // Grouped tile order: consecutive CTAs share a column tile of W across kGroupM row tiles.
     const int tiles_m = (M + kBM - 1) / kBM;
