@@ -62,6 +62,13 @@ pub fn translate(err: DriverError) -> DriverFailure {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
+    #[error("{module}::{entry} needs {bytes} bytes of shared memory per block; this GPU allows {limit} (sm_86/89/120-class GPUs 99 KiB, A100 163 KiB, Hopper 227 KiB)")]
+    SharedMemory {
+        module: String,
+        entry: String,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("no CUDA driver found (libcuda could not be opened): this machine has no NVIDIA driver, or LD_LIBRARY_PATH misses it. Use `qwen-decode kernels --simulate X.Y --driver X.Y` to see another device's plan")]
     NoDriver,
     #[error("CUDA device {ordinal} unavailable: {failure}")]

@@ -231,6 +231,19 @@ impl LoadedKernels {
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
             )
             .map_err(fail)? as usize;
+        let limit = self
+            .ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(fail)?
+            .max(0) as usize;
+        if static_bytes + bytes > limit {
+            return Err(DispatchError::SharedMemory {
+                module: module.to_string(),
+                entry: entry.to_string(),
+                bytes: static_bytes + bytes,
+                limit,
+            });
+        }
         if static_bytes + bytes > 48 * 1024 {
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

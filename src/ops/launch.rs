@@ -23,6 +23,23 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::attention::MODULE, super::attention::ENTRY_D128),
     (super::attention::MODULE, super::attention::ENTRY_D256),
     (super::embedding::MODULE, super::embedding::ENTRY),
+    (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
+    (super::gemm::MODULE, super::gemm::ENTRY_BF16),
+    (super::gemm::MODULE, super::gemm::ENTRY_F32),
+    (super::qk_norm_rope::MODULE, super::qk_norm_rope::ENTRY),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D64,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D128,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D256,
+    ),
+    (super::sampling::MODULE, super::sampling::ENTRY),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +76,43 @@ pub(crate) fn check_len<T>(
     Ok(())
 }
 
+/// Checks that `slice` holds `rows` rows of `row_len` elements whose starts are `stride` apart.
+pub(crate) fn check_rows<T>(
+    op: &'static str,
+    what: &str,
+    slice: &CudaSlice<T>,
+    rows: usize,
+    row_len: usize,
+    stride: usize,
+) -> Result<(), OpsError> {
+    if stride < row_len {
+        return Err(OpsError::Shape {
+            op,
+            message: format!("`{what}` row stride {stride} is shorter than a row ({row_len})"),
+        });
+    }
+    let want = match rows {
+        0 => 0,
+        _ => (rows - 1)
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(row_len))
+            .ok_or_else(|| OpsError::Shape {
+                op,
+                message: format!("`{what}`: {rows} rows {stride} apart overflow the address space"),
+            })?,
+    };
+    if slice.len() < want {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "`{what}` holds {} elements, {rows} rows of {row_len} with stride {stride} need {want}",
+                slice.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The number of elements of a shape, or a shape error if it does not fit in memory.
 pub(crate) fn elements(op: &'static str, what: &str, dims: &[usize]) -> Result<usize, OpsError> {
     dims.iter()
@@ -76,6 +130,25 @@ pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, OpsE
     })
 }
 
+/// `n` as a grid dimension (x allows up to 2^31 - 1 blocks, y and z 65535: pass the limit).
+pub(crate) fn grid_dim(
+    op: &'static str,
+    what: &str,
+    n: usize,
+    limit: u32,
+) -> Result<u32, OpsError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&v| v >= 1 && v <= limit)
+        .ok_or_else(|| OpsError::Shape {
+            op,
+            message: format!("{n} {what} do not fit one launch (1..={limit})"),
+        })
+}
+
+/// The largest x grid dimension.
+pub(crate) const MAX_GRID_X: u32 = i32::MAX as u32;
+
 /// Threads per block for a row of `work` items: a whole number of warps, at most 1024.
 pub(crate) fn block_threads(work: usize) -> u32 {
     (work.max(1).next_multiple_of(32)).min(1024) as u32
@@ -84,10 +157,15 @@ pub(crate) fn block_threads(work: usize) -> u32 {
 /// A kernel argument, in the order of the kernel's parameter list.
 pub(crate) enum Arg<'a> {
     Out(&'a mut CudaSlice<half::bf16>),
+    OutF32(&'a mut CudaSlice<f32>),
+    OutI32(&'a mut CudaSlice<i32>),
     In(&'a CudaSlice<half::bf16>),
     InI32(&'a CudaSlice<i32>),
+    InU32(&'a CudaSlice<u32>),
+    InU64(&'a CudaSlice<u64>),
     InF32(&'a CudaSlice<f32>),
     I32(i32),
+    U64(u64),
     F32(f32),
 }
 
@@ -266,16 +344,24 @@ pub(crate) fn launch(
     args: &mut [Arg<'_>],
 ) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
+    if cfg.shared_mem_bytes > 0 {
+        kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
+    }
     let stream = kernels.stream();
     let mut builder = stream.launch_builder(&function);
     // Scalars are pushed by reference; they live in `args` until the launch returns.
     for arg in args.iter_mut() {
         match arg {
             Arg::Out(s) => builder.arg(&mut **s),
+            Arg::OutF32(s) => builder.arg(&mut **s),
+            Arg::OutI32(s) => builder.arg(&mut **s),
             Arg::In(s) => builder.arg(&**s),
             Arg::InI32(s) => builder.arg(&**s),
+            Arg::InU32(s) => builder.arg(&**s),
+            Arg::InU64(s) => builder.arg(&**s),
             Arg::InF32(s) => builder.arg(&**s),
             Arg::I32(v) => builder.arg(&*v),
+            Arg::U64(v) => builder.arg(&*v),
             Arg::F32(v) => builder.arg(&*v),
         };
     }

@@ -6,10 +6,15 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_prefill;
 pub mod compare;
 pub mod embedding;
+pub mod gemm;
 pub mod gemv;
+pub mod init;
+pub mod kv_cache;
 pub mod launch;
+pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;
 pub mod rotary;

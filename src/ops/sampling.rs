@@ -19,10 +19,24 @@
 //!
 //! `counter` is the position of the token in the request's output (0 for the first), so a
 //! request's samples do not depend on what else is in the batch.
+//!
+//! The kernel (module `sampling`, [`sample_tokens`]) samples a batch of rows, one block per row,
+//! without sorting: see `kernels/sampling/sample.cu`.
 
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use serde::{Deserialize, Serialize};
 
+use super::launch::{check_len, check_rows, grid_dim, launch, to_i32, Arg, OpsError, MAX_GRID_X};
 use super::random::random_u24;
+use crate::dispatch::LoadedKernels;
+
+pub const MODULE: &str = "sampling";
+pub const ENTRY: &str = "sample_tokens";
+
+/// The largest vocabulary [`sample_tokens`] accepts (Qwen3.5's 248,320 fits with room).
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Threads per block of the kernel (one block per row).
+const SAMPLE_THREADS: u32 = 1024;
 
 /// The random stream sampling draws from (any fixed value distinct from the weight streams).
 pub const SAMPLE_STREAM: u64 = 0x5341_4d50_4c45; // "SAMPLE"
@@ -201,9 +215,336 @@ pub fn sample_reference(logits: &[f32], p: &SamplingParams, seed: u64, counter: 
     order[0]
 }
 
+/// The rows of logits [`sample_tokens`] reads: `rows` rows of `vocab` fp32 values, row starts
+/// `row_stride` apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogitsShape {
+    pub rows: usize,
+    pub vocab: usize,
+    pub row_stride: usize,
+}
+
+/// Per-row sampling parameters on the device, one value per row each ([`SamplingParams`] split
+/// into arrays, plus the row's seed and counter).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSamplingParams<'a> {
+    pub temperature: &'a CudaSlice<f32>,
+    pub top_k: &'a CudaSlice<u32>,
+    pub top_p: &'a CudaSlice<f32>,
+    pub seed: &'a CudaSlice<u64>,
+    pub counter: &'a CudaSlice<u64>,
+}
+
+/// `tokens[r] = sample_reference(logits row r, params of row r, seed[r], counter[r])` on the GPU,
+/// bit for bit. The parameters are read on the device as they are (validate them on the host
+/// with [`SamplingParams::validate`]; out-of-range values still follow the reference's rules).
+pub fn sample_tokens(
+    kernels: &LoadedKernels,
+    tokens: &mut CudaSlice<i32>,
+    logits: &CudaSlice<f32>,
+    shape: &LogitsShape,
+    params: &DeviceSamplingParams<'_>,
+) -> Result<(), OpsError> {
+    let op = "sample_tokens";
+    if shape.rows == 0 || shape.vocab == 0 || shape.vocab > MAX_VOCAB {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "{shape:?}: need at least one row and a vocabulary of 1..={MAX_VOCAB}"
+            ),
+        });
+    }
+    check_rows(
+        op,
+        "logits",
+        logits,
+        shape.rows,
+        shape.vocab,
+        shape.row_stride,
+    )?;
+    check_len(op, "tokens", tokens, &[shape.rows])?;
+    check_len(op, "temperature", params.temperature, &[shape.rows])?;
+    check_len(op, "top_k", params.top_k, &[shape.rows])?;
+    check_len(op, "top_p", params.top_p, &[shape.rows])?;
+    check_len(op, "seed", params.seed, &[shape.rows])?;
+    check_len(op, "counter", params.counter, &[shape.rows])?;
+    let cfg = LaunchConfig {
+        grid_dim: (grid_dim(op, "rows", shape.rows, MAX_GRID_X)?, 1, 1),
+        block_dim: (SAMPLE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(
+        kernels,
+        op,
+        MODULE,
+        ENTRY,
+        cfg,
+        &mut [
+            Arg::OutI32(tokens),
+            Arg::InF32(logits),
+            Arg::I32(to_i32(op, "vocab", shape.vocab)?),
+            Arg::I32(to_i32(op, "row_stride", shape.row_stride)?),
+            Arg::InF32(params.temperature),
+            Arg::InU32(params.top_k),
+            Arg::InF32(params.top_p),
+            Arg::InU64(params.seed),
+            Arg::InU64(params.counter),
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The kernel's algorithm on the CPU, step for step: the kept set as a rank-order threshold
+    /// (key, index) found by radix selection with count and mass histograms, ties resolved by one
+    /// integer division and a scan in index order, the draw as a prefix sum in index order.
+    /// Checked against the sort-based [`sample_reference`] below, so the GPU test that compares the
+    /// kernel with the reference tests CUDA code whose algorithm is known to be right.
+    mod threshold_model {
+        use super::super::*;
+
+        const DIGITS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
+
+        struct Row<'a> {
+            logits: &'a [f32],
+            temperature: f32,
+            max: f32,
+        }
+
+        impl Row<'_> {
+            fn scaled(&self, i: usize) -> f32 {
+                let l = self.logits[i];
+                if l.is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    l / self.temperature
+                }
+            }
+            fn key(&self, i: usize) -> u32 {
+                logit_key(self.scaled(i))
+            }
+        }
+
+        fn in_prefix(key: u32, i: usize, set: (u32, usize)) -> bool {
+            key > set.0 || (key == set.0 && i <= set.1)
+        }
+
+        /// One digit: (bin, total above the bin, count in the bin, mass in the bin).
+        fn digit(
+            row: &Row,
+            prefix: u32,
+            (shift, bits): (u32, u32),
+            set: (u32, usize),
+            need: u64,
+            by_mass: bool,
+        ) -> (u32, u64, u64, u64) {
+            let bins = 1usize << bits;
+            let high_mask = if shift + bits >= 32 {
+                0
+            } else {
+                !0u32 << (shift + bits)
+            };
+            let (mut count, mut mass) = (vec![0u64; bins], vec![0u64; bins]);
+            for i in 0..row.logits.len() {
+                let key = row.key(i);
+                if (key ^ prefix) & high_mask != 0 || !in_prefix(key, i, set) {
+                    continue;
+                }
+                let bin = ((key >> shift) as usize) & (bins - 1);
+                let m = if by_mass {
+                    super::super::mass(row.scaled(i), row.max)
+                } else {
+                    0
+                };
+                if by_mass && m == 0 {
+                    continue;
+                }
+                count[bin] += 1;
+                mass[bin] += m;
+            }
+            let mut below = 0u64;
+            for b in (0..bins).rev() {
+                let h = if by_mass { mass[b] } else { count[b] };
+                if below < need && need <= below + h {
+                    return (b as u32, below, count[b], mass[b]);
+                }
+                below += h;
+            }
+            unreachable!("need {need} exceeds the histogram total {below}");
+        }
+
+        fn nth_index_with_key(row: &Row, key: u32, n: u64) -> usize {
+            (0..row.logits.len())
+                .filter(|&i| row.key(i) == key)
+                .nth(n as usize - 1)
+                .expect("n is at most the number of ties")
+        }
+
+        pub fn sample(logits: &[f32], p: &SamplingParams, seed: u64, counter: u64) -> u32 {
+            if p.is_greedy() {
+                return argmax_reference(logits);
+            }
+            let vocab = logits.len();
+            let mut row = Row {
+                logits,
+                temperature: p.temperature,
+                max: 0.0,
+            };
+            let top = (0..vocab)
+                .max_by_key(|&i| (row.key(i), std::cmp::Reverse(i)))
+                .unwrap();
+            row.max = row.scaled(top);
+            if row.max == f32::NEG_INFINITY {
+                return top as u32;
+            }
+            let mut set = (0u32, vocab - 1);
+            let kept = if p.top_k > 0 {
+                (p.top_k as usize).min(vocab)
+            } else {
+                vocab
+            };
+            if kept < vocab {
+                let (mut prefix, mut need, mut ties) = (0u32, kept as u64, 0);
+                for d in DIGITS {
+                    let (bin, below, count, _) =
+                        digit(&row, prefix, d, (0, vocab - 1), need, false);
+                    prefix |= bin << d.0;
+                    need -= below;
+                    ties = count;
+                }
+                let index = if need < ties {
+                    nth_index_with_key(&row, prefix, need)
+                } else {
+                    vocab - 1
+                };
+                set = (prefix, index);
+            }
+            if p.top_p < 1.0 {
+                let z_k: u64 = (0..vocab)
+                    .filter(|&i| in_prefix(row.key(i), i, set))
+                    .map(|i| mass(row.scaled(i), row.max))
+                    .sum();
+                let target = (f64::from(p.top_p) * z_k as f64).ceil() as u64;
+                if target == 0 {
+                    set = (row.key(top), top);
+                } else {
+                    let (mut prefix, mut need, mut ties, mut tie_mass) = (0u32, target, 0, 0);
+                    for d in DIGITS {
+                        let (bin, below, count, m) = digit(&row, prefix, d, set, need, true);
+                        prefix |= bin << d.0;
+                        need -= below;
+                        ties = count;
+                        tie_mass = m;
+                    }
+                    let m = tie_mass / ties;
+                    let take = need.div_ceil(m);
+                    let index = if take < ties {
+                        nth_index_with_key(&row, prefix, take)
+                    } else if prefix == set.0 {
+                        set.1
+                    } else {
+                        vocab - 1
+                    };
+                    set = (prefix, index);
+                }
+            }
+            let masses: Vec<u64> = (0..vocab)
+                .map(|i| {
+                    if in_prefix(row.key(i), i, set) {
+                        mass(row.scaled(i), row.max)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let z: u64 = masses.iter().sum();
+            let u = u128::from(random_u24(seed, SAMPLE_STREAM, counter));
+            let t = ((u128::from(z) * u) >> 24) as u64;
+            let mut cum = 0u64;
+            for (i, &m) in masses.iter().enumerate() {
+                cum += m;
+                if cum > t {
+                    return i as u32;
+                }
+            }
+            top as u32
+        }
+    }
+
+    /// Rows that exercise the cases the kernel treats apart: ties at every cut, plateaus,
+    /// infinities and NaNs, top-k beyond the vocabulary, tiny and large top-p, flat and peaked rows.
+    fn tricky_row(rng: &mut impl Rng, vocab: usize) -> Vec<f32> {
+        let kind = rng.gen_range(0..6);
+        let mut row: Vec<f32> = (0..vocab)
+            .map(|_| match kind {
+                // Few distinct values: many ties.
+                0 => rng.gen_range(0..4) as f32 * 0.75,
+                // Narrow spread: everything has mass.
+                1 => rng.gen_range(-1.0..1.0),
+                // Wide spread: a few tokens carry the mass.
+                2 => rng.gen_range(-40.0..25.0),
+                _ => rng.gen_range(-8.0..8.0),
+            })
+            .collect();
+        if kind == 4 {
+            // Plateau at the top.
+            let top = rng.gen_range(1..vocab.min(40) + 1);
+            for _ in 0..top {
+                let i = rng.gen_range(0..vocab);
+                row[i] = 9.5;
+            }
+        }
+        if kind == 5 {
+            for _ in 0..rng.gen_range(1..4) {
+                let i = rng.gen_range(0..vocab);
+                row[i] = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0][rng.gen_range(0..4)];
+            }
+        }
+        row
+    }
+
+    fn tricky_params(rng: &mut impl Rng, vocab: usize) -> SamplingParams {
+        let temperature = [0.0, 0.3, 0.7, 1.0, 1.3, 2.5][rng.gen_range(0..6)];
+        let top_k = match rng.gen_range(0..5) {
+            0 => 0,
+            1 => 1,
+            2 => rng.gen_range(2..50),
+            3 => rng.gen_range(1..vocab as u32 + 1),
+            _ => vocab as u32 + rng.gen_range(0..3),
+        };
+        let top_p = match rng.gen_range(0..4) {
+            0 => 1.0,
+            1 => 1e-7,
+            2 => rng.gen_range(0.05..1.0),
+            _ => 0.9,
+        };
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+        }
+    }
+
+    #[test]
+    fn the_kernels_threshold_algorithm_equals_the_sorting_definition() {
+        let seed: u64 = rand::random();
+        eprintln!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for case in 0..600 {
+            let vocab = [1, 2, 3, 7, 64, 301, 2048, 5003][case % 8];
+            let logits = tricky_row(&mut rng, vocab);
+            let p = tricky_params(&mut rng, vocab);
+            let (s, c) = (rng.gen(), rng.gen_range(0..1000));
+            assert_eq!(
+                threshold_model::sample(&logits, &p, s, c),
+                sample_reference(&logits, &p, s, c),
+                "case {case}: vocab {vocab}, {p:?}, seed {s}, counter {c}, logits {logits:?}"
+            );
+        }
+    }
 
     #[test]
     fn exp_det_is_close_to_exp() {

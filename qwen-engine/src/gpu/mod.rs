@@ -35,7 +35,9 @@ use aot_kernels::ops::gemv::{
     MAX_TOKENS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
-use aot_kernels::ops::sampling::{sample_reference, SamplingParams};
+use aot_kernels::ops::sampling::{
+    sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
+};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use half::bf16;
 use serde::Serialize;
@@ -89,6 +91,12 @@ struct PassBuffers {
     positions: CudaSlice<i32>,
     slots: CudaSlice<i32>,
     ctx: CudaSlice<i32>,
+    temperature: CudaSlice<f32>,
+    top_k: CudaSlice<u32>,
+    top_p: CudaSlice<f32>,
+    seed: CudaSlice<u64>,
+    counter: CudaSlice<u64>,
+    sampled: CudaSlice<i32>,
     h: CudaSlice<bf16>,
     ssq: CudaSlice<f32>,
     q: CudaSlice<bf16>,
@@ -185,6 +193,18 @@ impl GpuRunner {
             positions: zeros_i32(MAX_TOKENS, "positions")?,
             slots: zeros_i32(MAX_TOKENS, "slots")?,
             ctx: zeros_i32(MAX_TOKENS, "context lengths")?,
+            temperature: zeros_f32(MAX_TOKENS, "sampling parameters")?,
+            top_k: s
+                .alloc_zeros::<u32>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            top_p: zeros_f32(MAX_TOKENS, "sampling parameters")?,
+            seed: s
+                .alloc_zeros::<u64>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            counter: s
+                .alloc_zeros::<u64>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            sampled: zeros_i32(MAX_TOKENS, "sampled tokens")?,
             h: zeros_bf16(MAX_TOKENS * h, "hidden")?,
             ssq: zeros_f32(residual_groups(h) * MAX_TOKENS, "sums of squares")?,
             q: zeros_bf16(MAX_TOKENS * cfg.q_dim(), "q")?,
@@ -453,6 +473,23 @@ impl GpuRunner {
                 ld_out: v,
             },
             &mut scratch,
+        )?;
+        sample_tokens(
+            k,
+            &mut b.sampled,
+            &b.logits,
+            &LogitsShape {
+                rows: m,
+                vocab: v,
+                row_stride: v,
+            },
+            &DeviceSamplingParams {
+                temperature: &b.temperature,
+                top_k: &b.top_k,
+                top_p: &b.top_p,
+                seed: &b.seed,
+                counter: &b.counter,
+            },
         )
     }
 
@@ -494,6 +531,43 @@ impl GpuRunner {
             &mut self.b.ctx,
             "context lengths",
         )?;
+        // Rows that sample nothing take the cheap greedy path; their token is ignored.
+        let params: Vec<SamplingParams> = rows
+            .iter()
+            .map(|r| r.sample.map_or(SamplingParams::GREEDY, |q| q.params))
+            .collect();
+        let b = &mut self.b;
+        let copy = |r: Result<(), DriverError>| r.map_err(dev_err("sampling parameters"));
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.temperature).collect::<Vec<_>>(),
+            &mut b.temperature.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
+            &mut b.top_k.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.top_p).collect::<Vec<_>>(),
+            &mut b.top_p.slice_mut(0..m),
+        ))?;
+        copy(
+            s.memcpy_htod(
+                &rows
+                    .iter()
+                    .map(|r| r.sample.map_or(0, |q| q.seed))
+                    .collect::<Vec<_>>(),
+                &mut b.seed.slice_mut(0..m),
+            ),
+        )?;
+        copy(
+            s.memcpy_htod(
+                &rows
+                    .iter()
+                    .map(|r| r.sample.map_or(0, |q| q.counter))
+                    .collect::<Vec<_>>(),
+                &mut b.counter.slice_mut(0..m),
+            ),
+        )?;
 
         self.stats.passes += 1;
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)]) {
@@ -528,24 +602,25 @@ impl GpuRunner {
             }
         }
 
-        // PLACEHOLDER until the sampling kernel lands: read the logits and sample on the host.
-        let v = self.cfg.vocab_size;
-        let logits = s
-            .clone_dtoh(&self.b.logits.slice(0..m * v))
-            .map_err(dev_err("reading logits"))?;
-        let mut tokens = Vec::with_capacity(m);
+        // The one synchronisation of a pass: reading the sampled tokens.
+        let sampled = s
+            .clone_dtoh(&self.b.sampled.slice(0..m))
+            .map_err(dev_err("reading sampled tokens"))?;
+        let tokens: Vec<Option<u32>> = rows
+            .iter()
+            .zip(&sampled)
+            .map(|(r, &t)| r.sample.map(|_| t as u32))
+            .collect();
         let mut out_logits = Vec::new();
-        for (j, r) in rows.iter().enumerate() {
-            let row = &logits[j * v..(j + 1) * v];
-            tokens.push(
-                r.sample
-                    .map(|sr| sample_reference(row, &sr.params, sr.seed, sr.counter)),
-            );
-            if want_logits && r.sample.is_some() {
-                out_logits.push(row.to_vec());
+        if want_logits {
+            let v = self.cfg.vocab_size;
+            for (j, r) in rows.iter().enumerate() {
+                if r.sample.is_some() {
+                    let row = self.b.logits.slice(j * v..(j + 1) * v);
+                    out_logits.push(s.clone_dtoh(&row).map_err(dev_err("reading logits"))?);
+                }
             }
         }
-        let _ = SamplingParams::GREEDY;
         Ok((tokens, out_logits))
     }
 }

@@ -5,6 +5,8 @@
 
 use aot_kernels::device::{CudaSlice, DriverError};
 use aot_kernels::dispatch::LoadedKernels;
+use aot_kernels::ops::dev_mut;
+use aot_kernels::ops::init::fill_uniform_bf16;
 use half::bf16;
 
 use crate::config::Qwen3Config;
@@ -147,16 +149,20 @@ fn fill(
 ) -> Result<(), RunnerError> {
     let n = spec.elements();
     match weights {
-        Weights::Synthetic { .. } => {
-            // PLACEHOLDER until the GPU generator lands: generate on the host, upload.
-            let t = weights.host_tensor(c, index).ok_or_else(|| {
-                RunnerError::Device(format!("{}: no synthetic tensor", spec.name))
-            })?;
-            let values = t.bf16();
-            let mut sub = dst.slice_mut(offset..offset + n);
-            k.stream()
-                .memcpy_htod(values.as_ref(), &mut sub)
-                .map_err(device_err(&spec.name))
+        Weights::Synthetic { seed } => {
+            let view = dev_mut(k, dst)
+                .skip(offset)
+                .map_err(|e| RunnerError::Device(format!("{}: {e}", spec.name)))?;
+            fill_uniform_bf16(
+                k,
+                view,
+                n,
+                *seed,
+                index as u64,
+                spec.init.scale,
+                spec.init.offset,
+            )
+            .map_err(|e| RunnerError::Device(format!("generating {}: {e}", spec.name)))
         }
         Weights::Loaded(_) => {
             let t = weights.host_tensor(c, index).ok_or_else(|| {
