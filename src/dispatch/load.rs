@@ -182,7 +182,7 @@ impl LoadedKernels {
         &self.ctx
     }
 
-    /// The stream the kernels are meant to be launched on (the context's default stream).
+    /// The stream the kernels are launched on (created with the kernels; non-blocking).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -303,7 +303,12 @@ pub fn load_modules(
         policy,
         modules: reports,
     };
-    let stream = device.ctx.default_stream();
+    // A stream of our own rather than the legacy default stream: CUDA graphs cannot be captured
+    // from the legacy stream, and ours does not synchronise with other work on the device.
+    let stream = device.ctx.new_stream().map_err(|e| DispatchError::Device {
+        ordinal,
+        failure: translate(e),
+    })?;
     Ok(LoadedKernels {
         ctx: device.ctx.clone(),
         stream,
