@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 pub use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
     DriverError, ValidAsZeroBits,
@@ -18,4 +18,9 @@ pub fn begin_capture(stream: &CudaStream) -> Result<(), DriverError> {
 /// Stops recording and instantiates the graph (`None` if nothing was captured).
 pub fn end_capture(stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>, DriverError> {
     stream.end_capture(CUgraphInstantiate_flags(0))
+}
+
+/// An event that records time (cudarc's default events do not), for `elapsed_ms`.
+pub fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, DriverError> {
+    ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
 }

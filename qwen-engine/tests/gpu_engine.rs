@@ -4,9 +4,11 @@
 //!
 //! bf16 noise: the GPU computes in bf16 between kernels, the oracle in float32. The tests measure
 //! the difference on teacher-forced logits (the oracle's tokens fed back, so every step is
-//! comparable), print it, hold it under `NOISE_LIMIT`, and then require the GPU's greedy choice
-//! to equal the oracle's at every step whose top-1/top-2 margin exceeds `MARGIN_FACTOR` times the
-//! measured noise.
+//! comparable) and print it. The yardstick is transformers' own bf16 run of the same model on the
+//! same tokens (recorded by the oracle script): the GPU engine's relative distance from float32
+//! must stay within `NOISE_FACTOR` times transformers'. The GPU's greedy choice must then equal
+//! the oracle's at every step whose top-1/top-2 margin exceeds `MARGIN_FACTOR` times the measured
+//! absolute noise.
 
 mod common;
 
@@ -18,8 +20,9 @@ use qwen_engine::gpu::{GpuOptions, GpuRunner};
 use qwen_engine::runner::Runner;
 use qwen_engine::weights::Weights;
 
-/// Largest teacher-forced logit difference accepted: `|gpu - oracle| <= NOISE_LIMIT * max(1, |oracle|)`.
-const NOISE_LIMIT: f32 = 0.05;
+/// The GPU's largest relative teacher-forced difference from float32 may be this many times
+/// transformers' own bf16 difference on the same steps.
+const NOISE_FACTOR: f32 = 1.5;
 /// A step's greedy token must match where the oracle's margin exceeds this many times the noise.
 const MARGIN_FACTOR: f64 = 2.0;
 
@@ -94,9 +97,14 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
             // 1. Teacher-forced logits: the bf16 noise, and the greedy choice where margins allow.
             let (abs, rel, forced) = noise(&f, &mut runner);
             eprintln!("{label}: teacher-forced top-5 logits vs transformers: max |diff| {abs:.4}, max relative {rel:.4}");
+            let hf = f.expected.bf16_relative_noise;
+            eprintln!(
+                "{label}: transformers bf16 vs float32 on the same steps: max relative {hf:.4} (ours / theirs {:.2})",
+                rel / hf
+            );
             assert!(
-                rel <= NOISE_LIMIT,
-                "{label}: bf16 noise {rel} exceeds the stated limit {NOISE_LIMIT}"
+                rel <= NOISE_FACTOR * hf,
+                "{label}: relative noise {rel} exceeds {NOISE_FACTOR} x transformers' bf16 noise {hf}"
             );
             let threshold = MARGIN_FACTOR * f64::from(abs);
             let (mut checked, mut skipped) = (0, 0);

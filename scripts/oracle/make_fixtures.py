@@ -35,7 +35,7 @@ import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2  # 2: transformers bf16 teacher-forced logits per step
 STEPS = 32
 TOP = 5
 
@@ -254,6 +254,26 @@ def greedy_with_top5(model, ids, device):
     return steps
 
 
+@torch.no_grad()
+def bf16_teacher_forced(folder, prompts, device):
+    """transformers' own bf16 noise: the same model run in bfloat16 (eager attention) on the float32
+    greedy tokens in one forward pass; for each step the bf16 logits of the float32 top-5 ids.
+    GPU tests compare their bf16 engine's distance from float32 with this one."""
+    model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager")
+    model = model.to(device).eval()
+    worst = 0.0
+    for p in prompts:
+        ids = p["ids"] + p["generated"][:-1]
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0].to(torch.float32).cpu().numpy()
+        start = len(p["ids"]) - 1
+        for i, step in enumerate(p["steps"]):
+            row = logits[start + i]
+            step["bf16_top5_logits"] = [float(row[t]) for t in step["top5_ids"]]
+            for t, want in zip(step["top5_ids"], step["top5_logits"]):
+                worst = max(worst, abs(float(row[t]) - want) / max(abs(want), 1.0))
+    return worst
+
+
 def device_name(device):
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
@@ -294,6 +314,7 @@ def main():
             steps = greedy_with_top5(model, p["ids"], device)
             p["generated"] = [s["token"] for s in steps]
             p["steps"] = steps
+        bf16_noise = bf16_teacher_forced(folder, prompts, device)
         expected = {
             "script": "scripts/oracle/make_fixtures.py",
             "script_version": SCRIPT_VERSION,
@@ -310,6 +331,7 @@ def main():
             "attn_implementation": "eager",
             "tf32": False,
             "steps_per_prompt": STEPS,
+            "bf16_relative_noise": bf16_noise,
             "files_sha256": {
                 "config.json": sha256(folder / "config.json"),
                 "model.safetensors": sha256(folder / "model.safetensors"),
@@ -322,7 +344,8 @@ def main():
         print(
             f"{f['name']}: {size / 1e6:.2f} MB, prompts {[len(p['ids']) for p in prompts]}, "
             f"min margin {min(margins):.4f}, median margin {float(np.median(margins)):.4f}, "
-            f"distinct generated {[len(set(p['generated'])) for p in prompts]}"
+            f"distinct generated {[len(set(p['generated'])) for p in prompts]}, "
+            f"transformers bf16 vs float32: max relative {bf16_noise:.4f}"
         )
 
 

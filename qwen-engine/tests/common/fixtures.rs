@@ -23,6 +23,8 @@ pub struct Step {
     pub margin: f64,
     pub top5_ids: Vec<u32>,
     pub top5_logits: Vec<f32>,
+    /// transformers' logits for the same ids with the model run in bfloat16 (teacher-forced).
+    pub bf16_top5_logits: Vec<f32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +46,8 @@ pub struct Expected {
     pub transformers: String,
     pub device: String,
     pub steps_per_prompt: usize,
+    /// transformers' own bf16-vs-float32 distance on these steps: max |bf16 - f32| / max(|f32|, 1).
+    pub bf16_relative_noise: f32,
     pub prompts: Vec<Prompt>,
 }
 
