@@ -5,12 +5,12 @@
 // One mma.m16n8k16 tile covers 16 weight rows x 8 tokens, so batches of 1 to 8 tokens cost the
 // same weight traffic; every weight byte is read once with a 16-byte streaming load.
 //
-// Work: tiles of 32 rows x a K range (`splits` ranges per row). A block of 8 warps takes one unit
-// at a time (2 row groups of 16 x 4 warps striding the K range in 32-element chunks) and loops over
-// units (grid = a few blocks per SM). Partial sums of a split-K unit go to a workspace; the last
-// unit to finish an epilogue group (32 rows, or a whole attention head) adds the partials in split
-// order and runs the epilogue. The order of every sum is fixed by the launch shape, never by
-// timing, and a token's result never depends on the other tokens of the batch.
+// Work: units of 16 rows (one mma tile) x a K range (`splits` ranges per row). Every warp streams
+// its own units with no block-wide barrier: a unit's weight rows are read in 32-element chunks,
+// eight chunks in flight. Partial sums of a split-K unit go to a workspace; the last warp to finish
+// an epilogue group (16 rows, or a whole attention head) adds the partials in split order and runs
+// the epilogue. The order of every sum is fixed by the launch shape, never by timing, and a
+// token's result never depends on the other tokens of the batch.
 //
 // Prologue (`gemv_norm_bf16`): x is the residual stream h; every block builds
 // `bf16(w * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group sums of
@@ -19,8 +19,8 @@
 // Epilogues (on each group of rows, per token):
 //   store_bf16 / store_f32   y
 //   residual                 h = bf16(h + bf16(y)); ssq[group] = sum h^2 (o_proj, down_proj)
-//   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 16 rows
-//                            are gate rows, the last 16 up rows (virtual rows, see pair_offset)
+//   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 8 rows
+//                            are gate rows, the last 8 up rows (virtual rows, see pair_offset)
 //   qkv_rope                 per head: q/k RMSNorm, NeoX RoPE; q -> q_out, k and v -> paged cache
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
@@ -30,11 +30,11 @@
 namespace aot_gemv {
 
 constexpr int kThreads = 256;
-constexpr int kTileRows = 32;
-constexpr int kKGroups = 4;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16;
 constexpr int kMaxTokens = 8;
 constexpr int kMaxGroupRows = 256;
-constexpr int kUnroll = 4;
+constexpr int kUnroll = 8;
 constexpr int kXPad = 32;  // shared-memory row padding (elements): spreads rows over the banks
 constexpr int kBlockTokens = 16;  // KV-cache block size
 
@@ -73,11 +73,9 @@ struct GemvParams {
 };
 
 struct Shared {
-    float red[kKGroups - 1][2][32][4];
-    float tile[kMaxTokens][kTileRows];
-    float vals[kMaxTokens][kMaxGroupRows];
+    float tile[kWarps][kMaxTokens][kTileRows];  // a unit's result, when it is a whole group
+    float vals[kWarps][kMaxGroupRows];          // one token of a group, summed over the splits
     float scale[kMaxTokens];
-    unsigned last;
 };
 
 // The weight row behind virtual row `v`, or null past the end. With pair_offset (= I, the MLP
@@ -161,56 +159,49 @@ __device__ void qkv_head(const GemvParams& p, int head, int token, const float* 
     }
 }
 
-// Runs the epilogue of `group` on its summed values `vals[token * vs + r]`. Every thread calls it.
-__device__ void epilogue(const GemvParams& p, int group, const float* vals, int vs) {
+// Runs the epilogue of `group` for one token on its summed values `v[r]`, r < group_rows.
+// One warp calls it.
+__device__ void epilogue(const GemvParams& p, int group, int token, const float* v) {
     const int n0 = group * p.group_rows;
     const int rows = min(p.group_rows, p.n - n0);
-    const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
+    const int64_t row_base = static_cast<int64_t>(token) * p.ld_out + n0;
     switch (p.epilogue) {
         case kStoreBf16:
-            for (int i = threadIdx.x; i < p.m * rows; i += kThreads) {
-                const int token = i / rows, r = i - token * rows;
-                reinterpret_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(token) * p.ld_out + n0 + r] =
-                    __float2bfloat16_rn(vals[token * vs + r]);
+            for (int r = lane; r < rows; r += 32) {
+                reinterpret_cast<__nv_bfloat16*>(p.out)[row_base + r] = __float2bfloat16_rn(v[r]);
             }
             break;
         case kStoreF32:
-            for (int i = threadIdx.x; i < p.m * rows; i += kThreads) {
-                const int token = i / rows, r = i - token * rows;
-                reinterpret_cast<float*>(p.out)[static_cast<int64_t>(token) * p.ld_out + n0 + r] = vals[token * vs + r];
-            }
+            for (int r = lane; r < rows; r += 32) reinterpret_cast<float*>(p.out)[row_base + r] = v[r];
             break;
         case kResidual: {
-            // group_rows == 32: warp w handles token w, lane r handles row r.
-            if (warp < p.m) {
-                float sq = 0.0f;
-                if (lane < rows) {
-                    __nv_bfloat16* h = p.residual + static_cast<int64_t>(warp) * p.ld_res + n0 + lane;
-                    const float nv = aot::round_bf16(aot::round_bf16(vals[warp * vs + lane]) + __bfloat162float(*h));
-                    *h = __float2bfloat16_rn(nv);
-                    sq = nv * nv;
-                }
-                sq = aot::warp_sum(sq);
-                if (lane == 0) p.ssq_out[group * kMaxTokens + warp] = sq;
+            // group_rows == 16
+            float sq = 0.0f;
+            if (lane < rows) {
+                __nv_bfloat16* h = p.residual + static_cast<int64_t>(token) * p.ld_res + n0 + lane;
+                const float nv = aot::round_bf16(aot::round_bf16(v[lane]) + __bfloat162float(*h));
+                *h = __float2bfloat16_rn(nv);
+                sq = nv * nv;
             }
+            sq = aot::warp_sum(sq);
+            if (lane == 0) p.ssq_out[group * kMaxTokens + token] = sq;
             break;
         }
         case kSiluMul: {
             const int half = p.group_rows / 2;
-            for (int i = threadIdx.x; i < p.m * half; i += kThreads) {
-                const int token = i / half, j = i - token * half;
-                if (group * half + j >= p.pair_offset) continue;
-                const float gate = aot::round_bf16(vals[token * vs + j]);
-                const float up = aot::round_bf16(vals[token * vs + half + j]);
+            const int j = group * half + lane;
+            if (lane < half && j < p.pair_offset) {
+                const float gate = aot::round_bf16(v[lane]);
+                const float up = aot::round_bf16(v[half + lane]);
                 const float act = aot::round_bf16(silu(gate));
-                reinterpret_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(token) * p.ld_out + group * half + j] =
+                reinterpret_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(token) * p.ld_out + j] =
                     __float2bfloat16_rn(act * up);
             }
             break;
         }
         case kQkvRope:
-            if (warp < p.m) qkv_head(p, group, warp, vals + warp * vs);
+            qkv_head(p, group, token, v);
             break;
         default:
             __trap();
@@ -226,8 +217,6 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int wr = warp & 1;
-    const int wk = warp >> 1;
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
 
     if (kNormX) {
@@ -255,10 +244,11 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int tiles = (p.n + kTileRows - 1) / kTileRows;
     const int units = tiles * p.splits;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    float* vals = s.vals[warp];
+    for (int u = blockIdx.x * kWarps + warp; u < units; u += gridDim.x * kWarps) {
         const int tile = u / p.splits;
         const int split = u - tile * p.splits;
-        const int vrow = tile * kTileRows + wr * 16 + g;
+        const int vrow = tile * kTileRows + g;
         const __nv_bfloat16* wlo = weight_row(p, vrow);
         const __nv_bfloat16* whi = weight_row(p, vrow + 8);
         const int k0 = split * p.k_per_split;
@@ -268,13 +258,12 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
         const __nv_bfloat16* xrow = kNormX ? x_smem + g * x_stride : p.x + static_cast<int64_t>(g) * p.ld_x;
 
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int c0 = wk; c0 < chunks; c0 += kKGroups * kUnroll) {
+        for (int c0 = 0; c0 < chunks; c0 += kUnroll) {
             uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll];
 #pragma unroll
             for (int j = 0; j < kUnroll; ++j) {
-                const int c = c0 + j * kKGroups;
-                const int kk = k0 + c * 32 + t * 8;
-                const bool ok = c < chunks && kk < k1;
+                const int kk = k0 + (c0 + j) * 32 + t * 8;
+                const bool ok = c0 + j < chunks && kk < k1;
                 lo[j] = (ok && wlo) ? aot::ld_stream16(wlo + kk) : zero;
                 hi[j] = (ok && whi) ? aot::ld_stream16(whi + kk) : zero;
                 if (ok && has_token) {
@@ -286,67 +275,54 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 #pragma unroll
             for (int j = 0; j < kUnroll; ++j) aot::mma_chunk32(acc, lo[j], hi[j], xv[j]);
         }
-
-        // Sum the four K groups in a fixed order; warps of K group 0 hold the unit's result.
-        if (wk > 0) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) s.red[wk - 1][wr][lane][q] = acc[q];
-        }
-        __syncthreads();
-        if (wk == 0) {
-#pragma unroll
-            for (int kg = 0; kg < kKGroups - 1; ++kg) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[q] += s.red[kg][wr][lane][q];
-            }
-            const int r0 = wr * 16 + g;
-            s.tile[2 * t][r0] = acc[0];
-            s.tile[2 * t + 1][r0] = acc[1];
-            s.tile[2 * t][r0 + 8] = acc[2];
-            s.tile[2 * t + 1][r0 + 8] = acc[3];
-        }
-        __syncthreads();
-
+        // acc: rows (g, g + 8) of the tile, tokens (2t, 2t + 1).
         const int group = tile * kTileRows / p.group_rows;
         if (p.splits == 1 && p.group_rows == kTileRows) {
-            epilogue(p, group, &s.tile[0][0], kTileRows);
-        } else {
-            for (int i = threadIdx.x; i < p.m * kTileRows; i += kThreads) {
-                const int token = i / kTileRows, r = i - token * kTileRows;
-                const int row = tile * kTileRows + r;
-                if (row < p.n) {
-                    p.ws[(static_cast<int64_t>(split) * p.m + token) * p.n + row] = s.tile[token][r];
-                }
-            }
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                const int g0 = group * p.group_rows;
-                const int rows_in_group = min(p.group_rows, p.n - g0);
-                const unsigned arrivals = ((rows_in_group + kTileRows - 1) / kTileRows) * p.splits;
-                s.last = atomicAdd(&p.counters[group], 1u) == arrivals - 1;
-            }
-            __syncthreads();
-            if (s.last) {
-                __threadfence();
-                const int g0 = group * p.group_rows;
-                const int rows_in_group = min(p.group_rows, p.n - g0);
-                for (int i = threadIdx.x; i < p.m * p.group_rows; i += kThreads) {
-                    const int token = i / p.group_rows, r = i - token * p.group_rows;
-                    float sum = 0.0f;
-                    if (r < rows_in_group) {
-                        for (int sp = 0; sp < p.splits; ++sp) {
-                            sum += __ldcg(p.ws + (static_cast<int64_t>(sp) * p.m + token) * p.n + g0 + r);
-                        }
-                    }
-                    s.vals[token][r] = sum;
-                }
-                __syncthreads();
-                epilogue(p, group, &s.vals[0][0], kMaxGroupRows);
-                if (threadIdx.x == 0) p.counters[group] = 0;
-            }
+            float(*tl)[kTileRows] = s.tile[warp];
+            tl[2 * t][g] = acc[0];
+            tl[2 * t + 1][g] = acc[1];
+            tl[2 * t][g + 8] = acc[2];
+            tl[2 * t + 1][g + 8] = acc[3];
+            __syncwarp();
+            for (int token = 0; token < p.m; ++token) epilogue(p, group, token, tl[token]);
+            __syncwarp();
+            continue;
         }
-        __syncthreads();
+        const int row_lo = tile * kTileRows + g;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int token = 2 * t + (q & 1);
+            const int row = row_lo + (q >> 1) * 8;
+            if (token < p.m && row < p.n) p.ws[(static_cast<int64_t>(split) * p.m + token) * p.n + row] = acc[q];
+        }
+        __threadfence();
+        __syncwarp();
+        unsigned last = 0;
+        if (lane == 0) {
+            const int g0 = group * p.group_rows;
+            const int rows_in_group = min(p.group_rows, p.n - g0);
+            const unsigned arrivals = ((rows_in_group + kTileRows - 1) / kTileRows) * p.splits;
+            last = atomicAdd(&p.counters[group], 1u) == arrivals - 1;
+        }
+        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        __threadfence();
+        const int g0 = group * p.group_rows;
+        const int rows_in_group = min(p.group_rows, p.n - g0);
+        for (int token = 0; token < p.m; ++token) {
+            for (int r = lane; r < p.group_rows; r += 32) {
+                float sum = 0.0f;
+                if (r < rows_in_group) {
+                    for (int sp = 0; sp < p.splits; ++sp) {
+                        sum += __ldcg(p.ws + (static_cast<int64_t>(sp) * p.m + token) * p.n + g0 + r);
+                    }
+                }
+                vals[r] = sum;
+            }
+            __syncwarp();
+            epilogue(p, group, token, vals);
+            __syncwarp();
+        }
+        if (lane == 0) p.counters[group] = 0;
     }
 }
 

@@ -20,13 +20,14 @@ pub const MODULE: &str = "gemv";
 pub const ENTRY_PLAIN: &str = "gemv_bf16";
 pub const ENTRY_NORM: &str = "gemv_norm_bf16";
 
-/// Weight rows per work tile (two mma tiles of 16).
-pub const TILE_ROWS: usize = 32;
+/// Weight rows per work unit (one mma tile).
+pub const TILE_ROWS: usize = 16;
 /// Most tokens one launch carries (the mma N dimension).
 pub const MAX_TOKENS: usize = 8;
 /// Largest epilogue group (a head of 256).
 pub const MAX_GROUP_ROWS: usize = 256;
 const THREADS: u32 = 256;
+const WARPS: usize = 8;
 const BLOCKS_PER_SM: usize = 2;
 const X_PAD: usize = 32;
 
@@ -85,11 +86,11 @@ pub struct GemvSplit {
 }
 
 /// The split for an `n x k` projection on a GPU with `sm_count` SMs: enough work units
-/// (tiles x splits) for every SM to hold several, each unit at least 256 elements of K.
+/// (16-row tiles x splits) for eight warps on every SM, each unit at least 256 elements of K.
 pub fn gemv_split(n: usize, k: usize, sm_count: usize) -> GemvSplit {
     let tiles = n.div_ceil(TILE_ROWS).max(1);
     let chunks = k.div_ceil(32).max(1);
-    let target_units = 4 * sm_count.max(1);
+    let target_units = WARPS * sm_count.max(1);
     let max_splits = (chunks / 8).max(1);
     let splits = target_units.div_ceil(tiles).clamp(1, max_splits);
     let k_per_split = chunks.div_ceil(splits) * 32;
@@ -97,6 +98,14 @@ pub fn gemv_split(n: usize, k: usize, sm_count: usize) -> GemvSplit {
         splits: k.div_ceil(k_per_split).max(1),
         k_per_split,
     }
+}
+
+/// Blocks of eight warps for `units` work units: every warp gets the same number of units (the
+/// last ones fewer), at most two blocks per SM.
+pub fn gemv_grid(units: usize, sm_count: usize) -> usize {
+    let warps = WARPS * BLOCKS_PER_SM * sm_count.max(1);
+    let per_warp = units.div_ceil(warps).max(1);
+    units.div_ceil(WARPS * per_warp).max(1)
 }
 
 /// Work units of a launch (tiles of [`TILE_ROWS`] rows times splits).
@@ -177,7 +186,7 @@ pub enum GemvOutput<'a> {
         out: DevMut<'a, f32>,
         ld_out: usize,
     },
-    /// `h = bf16(h + bf16(y))`, and the new sums of squares per 32-row group (`ssq_out[n/32][8]`).
+    /// `h = bf16(h + bf16(y))`, and the new sums of squares per 16-row group (`ssq_out[n/16][8]`).
     Residual {
         h: DevMut<'a, bf16>,
         ld_h: usize,
@@ -192,7 +201,7 @@ pub enum GemvOutput<'a> {
     QkvRope(QkvRope<'a>),
 }
 
-/// Virtual rows of a SiLU-and-mul GEMV: groups of 16 gate and 16 up rows.
+/// Virtual rows of a SiLU-and-mul GEMV: groups of 8 gate and 8 up rows.
 pub fn silu_virtual_rows(intermediate: usize) -> usize {
     intermediate.div_ceil(TILE_ROWS / 2) * TILE_ROWS
 }
@@ -324,7 +333,7 @@ pub fn gemv(
             p.ld_out = to_i32(op, "ld_out", ld_out)?;
             p.epilogue = 3;
             p.pair_offset = to_i32(op, "intermediate", intermediate)?;
-            // Virtual rows: each 32-row group holds 16 gate and 16 up rows.
+            // Virtual rows: each 16-row group holds 8 gate and 8 up rows.
             p.n = to_i32(op, "n", silu_virtual_rows(intermediate))?;
         }
         GemvOutput::QkvRope(q) => {
@@ -389,7 +398,7 @@ pub fn gemv(
     p.counters = scratch.counters.addr();
 
     let units = gemv_units(vn, split);
-    let grid = units.min(kernels.sm_count() * BLOCKS_PER_SM).max(1);
+    let grid = gemv_grid(units, kernels.sm_count());
     let cfg = LaunchConfig {
         grid_dim: (grid as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -439,7 +448,7 @@ pub fn norm_input_reference(
     out
 }
 
-/// Reference of the residual epilogue: returns the new h and its sums of squares per 32-row group
+/// Reference of the residual epilogue: returns the new h and its sums of squares per 16-row group
 /// (`[groups][8]`, rows past `m` zero).
 pub fn residual_reference(y: &[f64], h: &[bf16], n: usize, m: usize) -> (Vec<bf16>, Vec<f32>) {
     let groups = residual_groups(n);
@@ -530,10 +539,15 @@ mod tests {
                 s.splits * s.k_per_split >= k && (s.splits - 1) * s.k_per_split < k,
                 "{n}x{k}: {s:?}"
             );
+            // At least a warp's worth of units per SM, and the grid covers them.
+            let units = gemv_units(n, s);
+            assert!(units >= 8 * 132, "{n}x{k}: {units} units");
+            let grid = gemv_grid(units, 132);
+            assert!(grid <= 2 * 132 && grid * 8 * units.div_ceil(grid * 8) >= units);
         }
         // Tiny shapes: one split, at least one unit.
         let s = gemv_split(40, 24, 132);
-        assert_eq!((s.splits, gemv_units(40, s)), (1, 2));
+        assert_eq!((s.splits, gemv_units(40, s)), (1, 3));
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
         super::attention_prefill::ENTRY_D256,
     ),
     (super::sampling::MODULE, super::sampling::ENTRY),
+    (super::bench::MODULE, super::bench::ENTRY),
 ];
 
 #[derive(Debug, thiserror::Error)]

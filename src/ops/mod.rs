@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_prefill;
+pub mod bench;
 pub mod compare;
 pub mod embedding;
 pub mod gemm;

@@ -1,9 +1,9 @@
 //! The GPU runner: Qwen3 on the AOT kernels of `aot-kernels` (every kernel from the embedded
 //! registry, picked by the dispatcher for this GPU and driver; nothing beyond libcuda at run time).
 //!
-//! A forward pass carries 1 to 8 token rows, each a (slot, position, token): the decode tokens of
-//! up to eight requests, or up to eight consecutive prompt tokens of one request. Per layer it is
-//! five launches:
+//! Prompt tokens go through the prefill path ([`prefill`]: GEMMs over a chunk). Generated tokens
+//! go through decode passes of 1 to 8 token rows, each a (slot, position, token) of a different
+//! request. Per layer a decode pass is five launches:
 //!
 //! ```text
 //! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v] -> q/k norm, RoPE; k, v into the paged cache
@@ -19,6 +19,7 @@
 //! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens.
 
 pub mod graphs;
+pub mod prefill;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -120,6 +121,7 @@ pub struct GpuRunner {
     rope: CudaSlice<f32>,
     max_pos: usize,
     b: PassBuffers,
+    pf: prefill::PrefillBuffers,
     block_table: CudaSlice<i32>,
     host_table: Vec<i32>,
     ld_bt: usize,
@@ -131,11 +133,11 @@ pub struct GpuRunner {
     setup_s: f64,
 }
 
-fn dev_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
+pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
     move |e| RunnerError::Device(format!("{what}: {e}"))
 }
 
-fn ops_err(e: OpsError) -> RunnerError {
+pub(crate) fn ops_err(e: OpsError) -> RunnerError {
     RunnerError::Device(e.to_string())
 }
 
@@ -224,6 +226,7 @@ impl GpuRunner {
         let ld_bt = max_pos.div_ceil(KV_BLOCK_SIZE);
         let slots = options.slots.max(1);
         let block_table = zeros_i32(slots * ld_bt, "block tables")?;
+        let pf = prefill::PrefillBuffers::new(&k, cfg)?;
 
         // The KV cache: what the budget holds, but no more than every slot at full context.
         let (free, _) = k
@@ -257,6 +260,7 @@ impl GpuRunner {
             rope,
             max_pos,
             b,
+            pf,
             block_table,
             host_table: vec![-1; slots * ld_bt],
             ld_bt,
@@ -687,27 +691,17 @@ impl Runner for GpuRunner {
                 }
             }
         }
-        // Prompt chunks: eight consecutive positions of one request a pass; the last row samples.
+        // Prompt chunks: the prefill path (GEMMs over the chunk), one request at a time.
         for (j, sq) in plan.seqs.iter().enumerate().filter(|(_, sq)| sq.prefill) {
-            let n = sq.tokens.len();
-            for start in (0..n).step_by(MAX_TOKENS) {
-                let end = (start + MAX_TOKENS).min(n);
-                let rows: Vec<Row> = (start..end)
-                    .map(|t| Row {
-                        token: sq.tokens[t],
-                        pos: sq.start_pos + t,
-                        slot: sq.slot,
-                        sample: if t == n - 1 { sq.sample } else { None },
-                    })
-                    .collect();
-                let (tokens, logits) = self.pass(&rows, plan.want_logits)?;
-                if end == n {
-                    out.tokens[j] = tokens[rows.len() - 1];
-                    if let Some(l) = logits.into_iter().next() {
-                        out.logits[j] = l;
-                    }
-                }
-            }
+            let (token, logits) = self.prefill(
+                sq.slot,
+                sq.tokens,
+                sq.start_pos,
+                sq.sample,
+                plan.want_logits,
+            )?;
+            out.tokens[j] = token;
+            out.logits[j] = logits;
         }
         Ok(out)
     }
