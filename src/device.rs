@@ -24,3 +24,11 @@ pub fn end_capture(stream: &Arc<CudaStream>) -> Result<Option<CudaGraph>, Driver
 pub fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, DriverError> {
     ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
 }
+
+pub use cudarc::driver::Profiler;
+
+/// Starts the profiler's collection (`cuProfilerStart`) until the guard drops
+/// (`cuProfilerStop`): with `ncu --profile-from-start off`, only what runs in between is captured.
+pub fn profiler_start() -> Result<Profiler, DriverError> {
+    Profiler::new()
+}

@@ -869,3 +869,32 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_stream_read_reads_every_word() {
+    use aot_kernels::ops::bench::{stream_read, stream_read_blocks, xor_reference};
+    let mut rng = seed("stream_read");
+    let d = device();
+    for policy in [Policy::Auto, Policy::PtxOnly] {
+        let kr = kernels(&d, policy);
+        let s = kr.stream();
+        for words in [4usize, 4 * 1001, 1 << 22] {
+            let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
+            let dd = upload(s, &data);
+            let blocks = stream_read_blocks(kr.sm_count());
+            let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
+            stream_read(&kr, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
+            let got = s.clone_dtoh(&out).unwrap().iter().fold(0, |a, &b| a ^ b);
+            assert_eq!(got, xor_reference(&data), "{policy}: {words} words");
+        }
+        let dd = upload(s, &[1u32, 2, 3]);
+        let mut out = s
+            .alloc_zeros::<u32>(stream_read_blocks(kr.sm_count()))
+            .unwrap();
+        let err = stream_read(&kr, dev(&kr, &dd), dev_mut(&kr, &mut out))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("multiple of 4"), "{err}");
+    }
+}

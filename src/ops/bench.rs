@@ -28,7 +28,7 @@ pub fn stream_read(
     block_xor: DevMut<'_, u32>,
 ) -> Result<(), OpsError> {
     let op = "stream_read";
-    if data.is_empty() || data.len() % 4 != 0 {
+    if data.is_empty() || !data.len().is_multiple_of(4) {
         return Err(OpsError::Shape {
             op,
             message: format!(

@@ -9,6 +9,7 @@
 //! Exit status: 0 fine, 1 a failure (kernels: a module has no usable image or failed to load),
 //! 2 usage error, 3 no CUDA device here (kernels; use --simulate).
 
+mod bench;
 mod run;
 
 use std::fmt::Write as _;
@@ -36,6 +37,8 @@ struct Cli {
 enum Command {
     /// Decode with a model: a Hugging Face folder, or the built-in `tiny` / `qwen3-4b` (synthetic weights).
     Run(run::RunArgs),
+    /// Benchmark decode on the GPU: inputs x concurrency, against the measured bandwidth limit.
+    Bench(bench::BenchArgs),
     /// Show the embedded kernel registry and the dispatch plan (this machine's, or a simulated device's).
     Kernels(KernelsArgs),
 }
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Kernels(args) => kernels(args),
         Command::Run(args) => run::run(args),
+        Command::Bench(args) => bench::bench(args),
     }
 }
 
