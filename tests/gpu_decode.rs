@@ -145,7 +145,7 @@ fn run_gemv(
     ssq8[..m].copy_from_slice(&ssq[..m]);
     let dssq = upload(s, &ssq8);
     let dnw = upload(s, nw);
-    let (ws, cn) = gemv_scratch_needs(c.n, c.k, 32, kr.sm_count());
+    let (ws, cn) = gemv_scratch_needs(c.n, c.k, kr.sm_count());
     let mut sc = Scratch::new(s, ws, cn);
     let input = if c.norm {
         GemvInput::Norm {
@@ -487,7 +487,7 @@ fn gpu_qkv_rope_writes_q_and_the_paged_cache() {
             let cache_elems = blocks * kv_heads * BLOCK_TOKENS * hd;
             let mut kc = s.alloc_zeros::<bf16>(cache_elems).unwrap();
             let mut vc = s.alloc_zeros::<bf16>(cache_elems).unwrap();
-            let (ws, cn) = gemv_scratch_needs(n, k, hd, kr.sm_count());
+            let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
             let mut sc = Scratch::new(s, ws, cn);
             let mut scratch = GemvScratch {
                 ws: dev_mut(&kr, &mut sc.ws),
@@ -755,7 +755,7 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
     let (n, k, m) = (2560usize, 9728usize, 4usize);
     let w = upload(s, &rand_bf16(&mut rng, n * k, 0.02));
     let x = upload(s, &rand_bf16(&mut rng, m * k, 1.0));
-    let (ws, cn) = gemv_scratch_needs(n, k, 32, kr.sm_count());
+    let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
     let mut sc = Scratch::new(s, ws, cn);
     let mut out = s.alloc_zeros::<bf16>(m * n).unwrap();
     let launch = |sc: &mut Scratch, out: &mut CudaSlice<bf16>| {
@@ -813,7 +813,7 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
         let ssq = upload(s, &[k as f32; 8]);
         let nw = upload(s, &vec![bf16::ONE; k]);
         let mut out = s.alloc_zeros::<bf16>(8 * n).unwrap();
-        let (ws, cn) = gemv_scratch_needs(n, k, 32, kr.sm_count());
+        let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
         let mut sc = Scratch::new(s, ws, cn);
         for m in [1usize, 8] {
             let input = if norm {

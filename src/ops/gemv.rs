@@ -108,25 +108,24 @@ pub fn gemv_grid(units: usize, sm_count: usize) -> usize {
     units.div_ceil(WARPS * per_warp).max(1)
 }
 
+/// Workspace floats and counters one launch over `rows` (virtual) rows uses.
+fn launch_needs(rows: usize, split: GemvSplit, m: usize, group_rows: usize) -> (usize, usize) {
+    (split.splits * m * rows, rows.div_ceil(group_rows))
+}
+
 /// Work units of a launch (tiles of [`TILE_ROWS`] rows times splits).
 pub fn gemv_units(n: usize, split: GemvSplit) -> usize {
     n.div_ceil(TILE_ROWS) * split.splits
 }
 
-/// Workspace floats and counters one GEMV needs (for sizing [`GemvScratch`]).
-pub fn gemv_scratch_needs(
-    n: usize,
-    k: usize,
-    group_rows: usize,
-    sm_count: usize,
-) -> (usize, usize) {
+/// Workspace floats and counters one GEMV of `n x k` needs, whatever its epilogue (for sizing
+/// [`GemvScratch`]; a scratch sized for the largest projection serves them all).
+pub fn gemv_scratch_needs(n: usize, k: usize, sm_count: usize) -> (usize, usize) {
     let s = gemv_split(n, k, sm_count);
-    // Room for the virtual rows of a SiLU-and-mul launch (n rounded up to whole tiles, plus one).
+    // Room for the virtual rows of a SiLU-and-mul launch (n rounded up to whole tiles, plus one);
+    // groups are at least one tile, so a counter per tile is enough.
     let rows = n.next_multiple_of(TILE_ROWS) + TILE_ROWS;
-    (
-        s.splits * MAX_TOKENS * rows,
-        rows.div_ceil(group_rows.max(1)),
-    )
+    (s.splits * MAX_TOKENS * rows, rows / TILE_ROWS)
 }
 
 /// Split-K partials and the per-group arrival counters (zero between launches; the kernel
@@ -391,7 +390,7 @@ pub fn gemv(
     }
     // Only the residual and store epilogues may run per tile; the others need whole groups.
     let vn = p.n as usize; // virtual rows (SiLU-and-mul pads its last gate/up group)
-    let (ws_need, counters_need) = (split.splits * m * vn, vn.div_ceil(p.group_rows as usize));
+    let (ws_need, counters_need) = launch_needs(vn, split, m, p.group_rows as usize);
     check_view(op, "workspace", scratch.ws.len(), &[ws_need])?;
     check_view(op, "counters", scratch.counters.len(), &[counters_need])?;
     p.ws = scratch.ws.addr();
@@ -548,6 +547,33 @@ mod tests {
         // Tiny shapes: one split, at least one unit.
         let s = gemv_split(40, 24, 132);
         assert_eq!((s.splits, gemv_units(40, s)), (1, 3));
+    }
+
+    #[test]
+    fn scratch_sized_by_gemv_scratch_needs_serves_every_epilogue() {
+        for (n, k) in [
+            (6144, 2560),
+            (2560, 4096),
+            (19456, 2560),
+            (368, 120),
+            (151_936, 2560),
+            (40, 24),
+            (200, 72),
+        ] {
+            let (ws, counters) = gemv_scratch_needs(n, k, 132);
+            let split = gemv_split(n, k, 132);
+            for m in 1..=MAX_TOKENS {
+                // Store, residual and qkv epilogues run over n rows; SiLU-and-mul over its virtual rows.
+                for (rows, group) in [
+                    (n, TILE_ROWS),
+                    (n, 64),
+                    (silu_virtual_rows(n / 2), TILE_ROWS),
+                ] {
+                    let (w, c) = launch_needs(rows, split, m, group);
+                    assert!(w <= ws && c <= counters, "{n}x{k} m={m} rows {rows} group {group}: needs ({w}, {c}), sized ({ws}, {counters})");
+                }
+            }
+        }
     }
 
     #[test]

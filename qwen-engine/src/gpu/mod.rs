@@ -173,14 +173,14 @@ impl GpuRunner {
         let sm = k.sm_count();
         let mut ws = 0;
         let mut counters = 0;
-        for (n, kk, group) in [
-            (cfg.qkv_dim(), h, hd),
-            (h, cfg.q_dim(), 32),
-            (2 * i, h, 32),
-            (h, i, 32),
-            (v, h, 32),
+        for (n, kk) in [
+            (cfg.qkv_dim(), h),
+            (h, cfg.q_dim()),
+            (2 * i, h),
+            (h, i),
+            (v, h),
         ] {
-            let (a, c) = gemv_scratch_needs(n, kk, group, sm);
+            let (a, c) = gemv_scratch_needs(n, kk, sm);
             ws = ws.max(a);
             counters = counters.max(c);
         }
