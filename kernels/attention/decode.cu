@@ -77,7 +77,10 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int ctx = p.ctx_lens[row];
     const Splits sp = attn_splits(ctx);
     if (sp.count > static_cast<int>(gridDim.z) || ctx <= 0) __trap();
+    aot::pdl_launch_dependents();
     if (split >= sp.count) return;
+    // From here on the query and the cache written by the qkv projection are read.
+    aot::pdl_wait();
     const int t_begin = split * sp.tokens;
     const int t_end = min(ctx, t_begin + sp.tokens);
     const int lane = threadIdx.x & 31;
@@ -162,28 +165,38 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         }
         __syncwarp();
 
-        // o += p v: lane owns kPerLane consecutive dims of every query head.
+        // o += p v: lane owns kPerLane consecutive dims of every query head. The values of eight
+        // tokens are loaded before any is used, so their loads are in flight together.
         const __nv_bfloat16* vbase = p.v_cache + base * D + lane * kPerLane;
         const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
-        for (int tk = 0; tk < n_tok; ++tk) {
-            float vf[kPerLane];
-            const __nv_bfloat16* vp = vbase + tk * D;
-            if constexpr (kPerLane == 8) {
-                aot::unpack8(__ldg(reinterpret_cast<const uint4*>(vp)), vf);
-            } else if constexpr (kPerLane == 4) {
-                const uint2 raw = __ldg(reinterpret_cast<const uint2*>(vp));
-                vf[0] = aot::bf16_lo(raw.x); vf[1] = aot::bf16_hi(raw.x);
-                vf[2] = aot::bf16_lo(raw.y); vf[3] = aot::bf16_hi(raw.y);
-            } else {
-                const unsigned raw = __ldg(reinterpret_cast<const unsigned*>(vp));
-                vf[0] = aot::bf16_lo(raw); vf[1] = aot::bf16_hi(raw);
+#pragma unroll
+        for (int t0 = 0; t0 < kBlockTokens; t0 += 8) {
+            float vf[8][kPerLane];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const __nv_bfloat16* vp = vbase + (t0 + q) * D;
+                const bool ok = t0 + q < n_tok;
+                if constexpr (kPerLane == 8) {
+                    aot::unpack8(ok ? __ldg(reinterpret_cast<const uint4*>(vp)) : make_uint4(0, 0, 0, 0), vf[q]);
+                } else if constexpr (kPerLane == 4) {
+                    const uint2 raw = ok ? __ldg(reinterpret_cast<const uint2*>(vp)) : make_uint2(0, 0);
+                    vf[q][0] = aot::bf16_lo(raw.x); vf[q][1] = aot::bf16_hi(raw.x);
+                    vf[q][2] = aot::bf16_lo(raw.y); vf[q][3] = aot::bf16_hi(raw.y);
+                } else {
+                    const unsigned raw = ok ? __ldg(reinterpret_cast<const unsigned*>(vp)) : 0u;
+                    vf[q][0] = aot::bf16_lo(raw); vf[q][1] = aot::bf16_hi(raw);
+                }
             }
 #pragma unroll
-            for (int h = 0; h < kMaxGroup; ++h) {
-                if (h < group) {
-                    const float pr = my_p[tk * kMaxGroup + h];
+            for (int q = 0; q < 8; ++q) {
+                if (t0 + q >= n_tok) break;
 #pragma unroll
-                    for (int e = 0; e < kPerLane; ++e) o[h][e] += pr * vf[e];
+                for (int h = 0; h < kMaxGroup; ++h) {
+                    if (h < group) {
+                        const float pr = my_p[(t0 + q) * kMaxGroup + h];
+#pragma unroll
+                        for (int e = 0; e < kPerLane; ++e) o[h][e] += pr * vf[q][e];
+                    }
                 }
             }
         }
@@ -237,19 +250,45 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    // Per query head: the running max over splits and each split's weight, in shared memory
+    // (reusing merge_m / merge_l is not possible: the splits outnumber the warps).
+    float* w_split = merge_o;  // [group][kMaxSplits] weights, then [group] totals
+    for (int i = threadIdx.x; i < group; i += kThreads) {
+        const int64_t cell0 = (static_cast<int64_t>(row) * p.q_heads + kvh * group + i) * kMaxSplits;
+        float ms[kMaxSplits];
+        float mm = aot::neg_inf();
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+            ms[s] = s < sp.count ? __ldcg(p.ws_ml + (cell0 + s) * 2) : aot::neg_inf();
+            mm = fmaxf(mm, ms[s]);
+        }
+        float ll = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+            if (s < sp.count) {
+                const float f = exp2f(ms[s] - mm);
+                w_split[i * kMaxSplits + s] = f;
+                ll += __ldcg(p.ws_ml + (cell0 + s) * 2 + 1) * f;
+            }
+        }
+        w_split[group * kMaxSplits + i] = ll;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < group * D; i += kThreads) {
         const int h = i / D, d = i - h * D;
         const int qh = kvh * group + h;
-        const int64_t cell0 = (static_cast<int64_t>(row) * p.q_heads + qh) * kMaxSplits;
-        float mm = aot::neg_inf();
-        for (int s = 0; s < sp.count; ++s) mm = fmaxf(mm, __ldcg(p.ws_ml + (cell0 + s) * 2));
-        float ll = 0.0f, oo = 0.0f;
-        for (int s = 0; s < sp.count; ++s) {
-            const float f = exp2f(__ldcg(p.ws_ml + (cell0 + s) * 2) - mm);
-            ll += __ldcg(p.ws_ml + (cell0 + s) * 2 + 1) * f;
-            oo += __ldcg(p.ws_o + (cell0 + s) * D + d) * f;
+        const float* src = p.ws_o + (static_cast<int64_t>(row) * p.q_heads + qh) * kMaxSplits * D + d;
+        float oo = 0.0f;
+        for (int s0 = 0; s0 < sp.count; s0 += 8) {
+            float x[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = s0 + j < sp.count ? __ldcg(src + (s0 + j) * D) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (s0 + j < sp.count) oo += x[j] * w_split[h * kMaxSplits + s0 + j];
+            }
         }
-        p.out[static_cast<int64_t>(row) * ld_q + qh * D + d] = __float2bfloat16_rn(oo / ll);
+        p.out[static_cast<int64_t>(row) * ld_q + qh * D + d] = __float2bfloat16_rn(oo / w_split[group * kMaxSplits + h]);
     }
     if (threadIdx.x == 0) p.counters[row * p.kv_heads + kvh] = 0;
 }

@@ -208,6 +208,24 @@ __device__ void epilogue(const GemvParams& p, int group, int token, const float*
     }
 }
 
+// The sum over splits 0, 1, ... (in that order) of one output's partials. Up to eight loads are in
+// flight together: the sum is a chain, the loads are not.
+__device__ __forceinline__ float split_sum(const GemvParams& p, int token, int row) {
+    const float* src = p.ws + static_cast<int64_t>(token) * p.n + row;
+    const int64_t stride = static_cast<int64_t>(p.m) * p.n;
+    float sum = 0.0f;
+    for (int sp = 0; sp < p.splits; sp += 8) {
+        float x[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = sp + j < p.splits ? __ldcg(src + (sp + j) * stride) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (sp + j < p.splits) sum += x[j];
+        }
+    }
+    return sum;
+}
+
 template <bool kNormX>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     extern __shared__ uint4 dyn_smem[];
@@ -219,6 +237,25 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int t = lane & 3;
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
 
+    // Before the previous kernel's results are needed: let the next kernel launch, and pull this
+    // warp's first unit of weights into L2 while the previous kernel drains.
+    aot::pdl_launch_dependents();
+    {
+        const int u = blockIdx.x * kWarps + warp;
+        if (u < ((p.n + kTileRows - 1) / kTileRows) * p.splits) {
+            const int tile = u / p.splits;
+            const int k0 = (u - tile * p.splits) * p.k_per_split;
+            const int bytes = (min(p.k, k0 + p.k_per_split) - k0) * 2;
+            const __nv_bfloat16* row = weight_row(p, tile * kTileRows + (lane & 15));
+            if (row != nullptr) {
+                for (int off = (lane >> 4) * 128; off < bytes; off += 256) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(row + k0) + off));
+                }
+            }
+        }
+    }
+    aot::pdl_wait();
+
     if (kNormX) {
         if (threadIdx.x < p.m) {
             float sum = 0.0f;
@@ -226,17 +263,35 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
             s.scale[threadIdx.x] = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
         }
         __syncthreads();
+        // Four 16-byte chunks per thread in flight: this runs before any weight streams.
         const int chunks = p.k / 8;
-        for (int i = threadIdx.x; i < p.m * chunks; i += kThreads) {
-            const int r = i / chunks;
-            const int c = (i - r * chunks) * 8;
-            float xf[8], wf[8];
-            aot::unpack8(aot::ld_cached16(p.x + static_cast<int64_t>(r) * p.ld_x + c), xf);
-            aot::unpack8(aot::ld_cached16(p.norm_w + c), wf);
-            const float scale = s.scale[r];
+        const int total = p.m * chunks;
+        for (int base = threadIdx.x; base < total; base += 4 * kThreads) {
+            uint4 xv[4], wv[4];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) xf[j] = (wf[j] + p.norm_offset) * aot::round_bf16(xf[j] * scale);
-            *reinterpret_cast<uint4*>(x_smem + r * x_stride + c) = aot::pack8(xf);
+            for (int q = 0; q < 4; ++q) {
+                const int i = base + q * kThreads;
+                if (i < total) {
+                    const int r = i / chunks;
+                    const int c = (i - r * chunks) * 8;
+                    xv[q] = aot::ld_cached16(p.x + static_cast<int64_t>(r) * p.ld_x + c);
+                    wv[q] = aot::ld_cached16(p.norm_w + c);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int i = base + q * kThreads;
+                if (i >= total) break;
+                const int r = i / chunks;
+                const int c = (i - r * chunks) * 8;
+                float xf[8], wf[8];
+                aot::unpack8(xv[q], xf);
+                aot::unpack8(wv[q], wf);
+                const float scale = s.scale[r];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) xf[j] = (wf[j] + p.norm_offset) * aot::round_bf16(xf[j] * scale);
+                *reinterpret_cast<uint4*>(x_smem + r * x_stride + c) = aot::pack8(xf);
+            }
         }
         __syncthreads();
     }
@@ -308,19 +363,25 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
         __threadfence();
         const int g0 = group * p.group_rows;
         const int rows_in_group = min(p.group_rows, p.n - g0);
-        for (int token = 0; token < p.m; ++token) {
-            for (int r = lane; r < p.group_rows; r += 32) {
-                float sum = 0.0f;
-                if (r < rows_in_group) {
-                    for (int sp = 0; sp < p.splits; ++sp) {
-                        sum += __ldcg(p.ws + (static_cast<int64_t>(sp) * p.m + token) * p.n + g0 + r);
-                    }
-                }
-                vals[r] = sum;
+        if (p.group_rows == kTileRows) {
+            // Every (token, row) of the group at once, into the warp's tile.
+            float(*tl)[kTileRows] = s.tile[warp];
+            for (int idx = lane; idx < p.m * kTileRows; idx += 32) {
+                const int token = idx / kTileRows, r = idx - token * kTileRows;
+                tl[token][r] = r < rows_in_group ? split_sum(p, token, g0 + r) : 0.0f;
             }
             __syncwarp();
-            epilogue(p, group, token, vals);
+            for (int token = 0; token < p.m; ++token) epilogue(p, group, token, tl[token]);
             __syncwarp();
+        } else {
+            for (int token = 0; token < p.m; ++token) {
+                for (int r = lane; r < p.group_rows; r += 32) {
+                    vals[r] = r < rows_in_group ? split_sum(p, token, g0 + r) : 0.0f;
+                }
+                __syncwarp();
+                epilogue(p, group, token, vals);
+                __syncwarp();
+            }
         }
         if (lane == 0) p.counters[group] = 0;
     }

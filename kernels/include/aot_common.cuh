@@ -36,6 +36,24 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// Programmatic dependent launch (Hopper and later; no-ops before sm_90). A kernel launched with the
+// programmatic-serialisation attribute may start while its predecessor drains: it may do work
+// that does not read the predecessor's output (addresses, weight prefetch), then must call
+// pdl_wait() before reading anything an earlier kernel wrote. pdl_launch_dependents() lets the
+// next kernel start early. The host sets the attribute only for images built for sm_90 or later,
+// whose code contains the wait.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // -infinity without <math.h> (NVRTC, which builds the CUDA 12 images, has no C library headers).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

@@ -132,3 +132,48 @@ pub fn function_attributes(f: &CudaFunction) -> Result<FunctionAttributes, Drive
         ptx_version: get(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
     })
 }
+
+/// Launches `f` with one by-value parameter block, optionally with programmatic stream
+/// serialisation (programmatic dependent launch: the kernel may start while the previous one on
+/// the stream drains, and waits for it with `griddepcontrol.wait`).
+///
+/// # Safety
+/// `params` must point to a value laid out as the kernel's parameter list, every address in it
+/// valid for what the kernel does; with `programmatic`, the kernel's code must wait for its
+/// predecessor (griddepcontrol.wait) before reading what the predecessor wrote.
+pub unsafe fn launch_with_params(
+    f: &CudaFunction,
+    stream: &cudarc::driver::CudaStream,
+    cfg: cudarc::driver::LaunchConfig,
+    params: *mut std::ffi::c_void,
+    programmatic: bool,
+) -> Result<(), DriverError> {
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if programmatic {
+            &mut attr
+        } else {
+            std::ptr::null_mut()
+        },
+        numAttrs: u32::from(programmatic),
+    };
+    stream.context().bind_to_thread()?;
+    let mut args = [params];
+    sys::cuLaunchKernelEx(
+        &config,
+        f.cu_function(),
+        args.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+}

@@ -141,6 +141,8 @@ pub struct LoadedKernels {
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
     sm_count: usize,
+    /// Modules whose loaded image may be launched with programmatic dependent launch.
+    pdl: std::collections::BTreeSet<String>,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
 }
@@ -200,6 +202,13 @@ impl LoadedKernels {
         self.sm_count
     }
 
+    /// Whether kernels of `module` may be launched with programmatic dependent launch: the GPU is
+    /// Hopper or later and the loaded image was compiled for sm_90 or later (its code then holds
+    /// the `griddepcontrol.wait` the attribute requires; the compute_80 PTX does not).
+    pub fn programmatic_launch(&self, module: &str) -> bool {
+        self.pdl.contains(module)
+    }
+
     /// Lets `entry` launch with `bytes` of dynamic shared memory: past 48 KiB (static included)
     /// the driver needs an explicit opt-in. Done once per function and size, so that launches
     /// inside a CUDA graph capture make no driver calls besides the launch.
@@ -256,6 +265,22 @@ impl LoadedKernels {
     }
 }
 
+/// Environment variable that turns programmatic dependent launch off (`0`).
+pub const PDL_ENV: &str = "AOT_KERNELS_PDL";
+
+fn pdl_modules(device: &DeviceSpec, report: &LoadReport) -> std::collections::BTreeSet<String> {
+    let off = std::env::var(PDL_ENV).is_ok_and(|v| v.trim() == "0");
+    if off || device.capability.major < 9 {
+        return Default::default();
+    }
+    report
+        .modules
+        .iter()
+        .filter(|m| m.target.sm >= 90)
+        .map(|m| m.module.clone())
+        .collect()
+}
+
 /// Load every registry module on device 0 under `policy`.
 pub fn load_all(policy: Policy) -> Result<LoadedKernels, DispatchError> {
     let device = driver::open_device(0)?;
@@ -309,7 +334,9 @@ pub fn load_modules(
         ordinal,
         failure: translate(e),
     })?;
+    let pdl = pdl_modules(&device.spec, &report);
     Ok(LoadedKernels {
+        pdl,
         ctx: device.ctx.clone(),
         stream,
         modules: loaded,

@@ -23,7 +23,7 @@ pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
     check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels,
-    ModuleReport,
+    ModuleReport, PDL_ENV,
 };
 pub use plan::{oldest_driver_for_all, plan, Plan};
 pub use policy::{Policy, ToolchainChoice, POLICY_ENV, TOOLCHAIN_ENV};

@@ -311,7 +311,7 @@ pub(crate) fn check_view(
 /// Launches `entry` with one by-value parameter block (a `#[repr(C)]` mirror of the kernel's
 /// struct, filled from checked views). Raises the function's dynamic shared-memory limit first
 /// when static plus dynamic shared memory pass the default 48 KiB.
-pub(crate) fn launch_params<P: DeviceRepr>(
+pub(crate) fn launch_params<P: DeviceRepr + Copy>(
     kernels: &LoadedKernels,
     op: &'static str,
     module: &str,
@@ -323,16 +323,24 @@ pub(crate) fn launch_params<P: DeviceRepr>(
     if cfg.shared_mem_bytes > 0 {
         kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
     }
-    let stream = kernels.stream();
-    let mut builder = stream.launch_builder(&function);
-    builder.arg(params);
+    let programmatic = kernels.programmatic_launch(module);
+    let mut value = *params;
     // SAFETY: `P` mirrors the kernel's parameter struct field for field (see each op's module),
     // every address in it comes from a view the launcher checked against the kernel's shapes,
     // and the views borrow their allocations for the duration of this call; the launch is
-    // ordered on the kernels' single stream, before any later free of those allocations.
-    unsafe { builder.launch(cfg) }
-        .map(|_| ())
-        .map_err(|source| OpsError::Driver { op, source })
+    // ordered on the kernels' single stream, before any later free of those allocations. With
+    // `programmatic`, the module's image was built for sm_90+, whose code waits for the previous
+    // kernel (griddepcontrol.wait) before reading its results.
+    unsafe {
+        crate::dispatch::driver::launch_with_params(
+            &function,
+            kernels.stream(),
+            cfg,
+            (&mut value as *mut P).cast(),
+            programmatic,
+        )
+    }
+    .map_err(|source| OpsError::Driver { op, source })
 }
 
 /// Launches `entry` of `module` with arguments whose shapes the caller has checked.
