@@ -898,3 +898,82 @@ fn gpu_stream_read_reads_every_word() {
         assert!(err.contains("multiple of 4"), "{err}");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_timings() {
+    // Qwen3-4B attention (32/8 heads of 128) over contexts of 300 and 1024 tokens, 1 and 8 rows;
+    // printed only (microseconds per launch, and the KV bytes read over that time).
+    let mut rng = seed("attention_timings");
+    let d = device();
+    let kr = kernels(&d, Policy::Auto);
+    let s = kr.stream();
+    let (q_heads, kv_heads, hd) = (32usize, 8usize, 128usize);
+    for (m, ctx) in [(1usize, 300usize), (1, 1024), (8, 300), (8, 1024)] {
+        let ld_bt = ctx.div_ceil(BLOCK_TOKENS);
+        let blocks = m * ld_bt;
+        let elems = blocks * kv_heads * BLOCK_TOKENS * hd;
+        let (kc, vc) = (
+            upload(s, &rand_bf16(&mut rng, elems, 1.0)),
+            upload(s, &rand_bf16(&mut rng, elems, 1.0)),
+        );
+        let q = upload(s, &rand_bf16(&mut rng, m * q_heads * hd, 1.0));
+        let table = upload(s, &(0..blocks as i32).collect::<Vec<_>>());
+        let slots = upload(s, &(0..m as i32).collect::<Vec<_>>());
+        let ctxs = upload(s, &vec![ctx as i32; m]);
+        let mut out = s.alloc_zeros::<bf16>(m * q_heads * hd).unwrap();
+        let (a, b, c) = attn_scratch_needs(m, q_heads, kv_heads, hd);
+        let (mut wml, mut wo, mut cnt) = (
+            s.alloc_zeros::<f32>(a).unwrap(),
+            s.alloc_zeros::<f32>(b).unwrap(),
+            s.alloc_zeros::<u32>(c).unwrap(),
+        );
+        let grid = attn_splits(ctx).0;
+        let mut launch = |out: &mut CudaSlice<bf16>| {
+            attention_decode(
+                &kr,
+                AttnDecode {
+                    q: dev(&kr, &q),
+                    k_cache: dev(&kr, &kc),
+                    v_cache: dev(&kr, &vc),
+                    block_table: dev(&kr, &table),
+                    ld_bt,
+                    slot_of_row: dev(&kr, &slots),
+                    ctx_lens: dev(&kr, &ctxs),
+                    out: dev_mut(&kr, out),
+                    m,
+                    q_heads,
+                    kv_heads,
+                    head_dim: hd,
+                    grid_splits: grid,
+                },
+                &mut AttnScratch {
+                    ws_ml: dev_mut(&kr, &mut wml),
+                    ws_o: dev_mut(&kr, &mut wo),
+                    counters: dev_mut(&kr, &mut cnt),
+                },
+            )
+            .unwrap()
+        };
+        for _ in 0..5 {
+            launch(&mut out);
+        }
+        let iters = 50;
+        let (start, stop) = (
+            aot_kernels::device::timing_event(kr.context()).unwrap(),
+            aot_kernels::device::timing_event(kr.context()).unwrap(),
+        );
+        start.record(s).unwrap();
+        for _ in 0..iters {
+            launch(&mut out);
+        }
+        stop.record(s).unwrap();
+        stop.synchronize().unwrap();
+        let us = start.elapsed_ms(&stop).unwrap() * 1000.0 / iters as f32;
+        let bytes = (m * ctx * kv_heads * hd * 2 * 2) as f64;
+        eprintln!(
+            "  attention m={m} ctx={ctx} ({grid} splits): {us:.1} us, {:.0} GB/s of KV",
+            bytes / (f64::from(us) * 1e-6) / 1e9
+        );
+    }
+}

@@ -69,7 +69,7 @@ struct GemvParams {
     int epilogue;
     int pair_offset;              // > 0: the MLP width I; virtual rows pair gate and up rows
     int q_heads, kv_heads, head_dim, max_pos, ld_bt;
-    int pad_;
+    int prefetch_bytes;           // per weight row of a warp's first unit, pulled into L2 early
 };
 
 struct Shared {
@@ -237,15 +237,15 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int t = lane & 3;
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
 
-    // Before the previous kernel's results are needed: let the next kernel launch, and pull this
-    // warp's first unit of weights into L2 while the previous kernel drains.
+    // Before the previous kernel's results are needed: let the next kernel launch, and pull the
+    // first bytes of this warp's first unit of weights into L2 while the previous kernel drains.
     aot::pdl_launch_dependents();
-    {
+    if (p.prefetch_bytes > 0) {
         const int u = blockIdx.x * kWarps + warp;
         if (u < ((p.n + kTileRows - 1) / kTileRows) * p.splits) {
             const int tile = u / p.splits;
             const int k0 = (u - tile * p.splits) * p.k_per_split;
-            const int bytes = (min(p.k, k0 + p.k_per_split) - k0) * 2;
+            const int bytes = min((min(p.k, k0 + p.k_per_split) - k0) * 2, p.prefetch_bytes);
             const __nv_bfloat16* row = weight_row(p, tile * kTileRows + (lane & 15));
             if (row != nullptr) {
                 for (int off = (lane >> 4) * 128; off < bytes; off += 256) {

@@ -7,7 +7,8 @@
 #   bash scripts/bench/profile.sh [QWEN_DECODE] [OUT_DIR] [INPUT] [CONCURRENCY] [STEPS]
 #
 # Defaults: target/release/qwen-decode (or .gpu-bundle/qwen-decode), ./profile, 16, 1, 2.
-# ncu keeps the GPU at its own clocks (--clock-control none) and reads one metric per kernel
+# ncu keeps the GPU at its own clocks and caches (--clock-control none --cache-control none, so a
+# kernel sees the L2 its predecessor left, as in a real step) and reads one metric per kernel
 # (gpu__time_duration.sum), one replay pass each.
 set -euo pipefail
 bin=${1:-}
@@ -21,7 +22,7 @@ steps=${5:-2}
 [ -x "$bin" ] || { echo "profile.sh: no qwen-decode binary (build it or pass its path)" >&2; exit 2; }
 command -v ncu >/dev/null || { echo "profile.sh: ncu (Nsight Compute) is not on PATH" >&2; exit 2; }
 mkdir -p "$out"
-ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --log-file "$out/ncu.csv" \
     "$bin" bench --model qwen3-4b --inputs "$input" --concurrency "$conc" --new-tokens "$steps" \
     --warmup 4 --profile-window --primer 256 --kv-budget 4GiB --bandwidth-bytes 1GiB --out "$out/bench.json" \

@@ -71,11 +71,29 @@ struct GemvParams {
     head_dim: i32,
     max_pos: i32,
     ld_bt: i32,
-    pad: i32,
+    prefetch_bytes: i32,
 }
 
 // SAFETY: plain `repr(C)` data of integers and floats, laid out as the kernel's struct.
 unsafe impl DeviceRepr for GemvParams {}
+
+/// Environment variable: bytes of each weight row a warp pulls into L2 before its first unit
+/// (while the previous kernel drains, with programmatic launch); 0 turns it off.
+pub const PREFETCH_ENV: &str = "AOT_GEMV_PREFETCH";
+
+/// One unrolled iteration of a warp's loads: 8 chunks of 32 bf16.
+const DEFAULT_PREFETCH_BYTES: i32 = 8 * 32 * 2;
+
+fn prefetch_bytes() -> i32 {
+    static BYTES: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var(PREFETCH_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PREFETCH_BYTES)
+            .max(0)
+    })
+}
 
 /// How a projection's K dimension is split across work units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +258,7 @@ pub fn gemv(
         splits: split.splits as i32,
         k_per_split: split.k_per_split as i32,
         group_rows: TILE_ROWS as i32,
+        prefetch_bytes: prefetch_bytes(),
         ..GemvParams::default()
     };
 
