@@ -4,23 +4,22 @@
 //! `#[ignore]`d: without a GPU they are listed as ignored, never passed; asked to run
 //! (`--include-ignored`) without one they fail. Each test prints its input seed.
 //! Checks: outputs within the stated tolerance of the float64 reference; SASS (`auto`) and PTX
-//! (`ptx-only`) bitwise equal; a token's result identical alone and in a batch of 8; a split-K
-//! launch replayed from a CUDA graph equal to the eager one (the arrival counters reset).
+//! (`ptx-only`) bitwise equal; a token's result identical alone and in a batch of 8; launches
+//! replayed from a CUDA graph equal to the eager ones (the attention merge counters reset).
 //! Bandwidth of the Qwen3-4B projections is printed (measured with CUDA events; never asserted).
 
 use aot_kernels::dispatch::{
     load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
 };
 use aot_kernels::ops::attention::{
-    attention_decode, attention_decode_reference, attn_scratch_needs, attn_splits, AttnDecode,
-    AttnScratch, BLOCK_TOKENS,
+    attention_decode, attention_decode_reference, attn_scratch_needs, attn_splits,
+    qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS,
 };
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
-    gemv, gemv_reference, gemv_scratch_needs, norm_input_reference, qkv_head_reference,
-    residual_groups, residual_reference, silu_mul_reference, GemvInput, GemvOutput, GemvScratch,
-    QkvRope, QkvShape, MAX_TOKENS,
+    gemv, gemv_reference, norm_input_reference, residual_groups, residual_reference,
+    silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -95,20 +94,6 @@ fn upload<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> CudaSl
     s.clone_htod(v).unwrap()
 }
 
-struct Scratch {
-    ws: CudaSlice<f32>,
-    counters: CudaSlice<u32>,
-}
-
-impl Scratch {
-    fn new(s: &Arc<CudaStream>, floats: usize, counters: usize) -> Self {
-        Scratch {
-            ws: s.alloc_zeros(floats.max(1)).unwrap(),
-            counters: s.alloc_zeros(counters.max(1)).unwrap(),
-        }
-    }
-}
-
 /// One GEMV case: weights, tokens and what to do with y.
 #[derive(Clone, Copy, Debug)]
 enum Epi {
@@ -145,8 +130,6 @@ fn run_gemv(
     ssq8[..m].copy_from_slice(&ssq[..m]);
     let dssq = upload(s, &ssq8);
     let dnw = upload(s, nw);
-    let (ws, cn) = gemv_scratch_needs(c.n, c.k, kr.sm_count());
-    let mut sc = Scratch::new(s, ws, cn);
     let input = if c.norm {
         GemvInput::Norm {
             h: dev(kr, &dx),
@@ -163,10 +146,6 @@ fn run_gemv(
             ld_x: c.k,
         }
     };
-    let mut scratch = GemvScratch {
-        ws: dev_mut(kr, &mut sc.ws),
-        counters: dev_mut(kr, &mut sc.counters),
-    };
     let out = match c.epi {
         Epi::Bf16 => {
             let mut o = s.alloc_zeros::<bf16>(m * c.n).unwrap();
@@ -181,7 +160,6 @@ fn run_gemv(
                     out: dev_mut(kr, &mut o),
                     ld_out: c.n,
                 },
-                &mut scratch,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -203,7 +181,6 @@ fn run_gemv(
                     out: dev_mut(kr, &mut o),
                     ld_out: c.n,
                 },
-                &mut scratch,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -229,7 +206,6 @@ fn run_gemv(
                     ld_h: c.n,
                     ssq_out: dev_mut(kr, &mut so),
                 },
-                &mut scratch,
             )
             .unwrap();
             let mut v: Vec<u32> = s
@@ -256,7 +232,6 @@ fn run_gemv(
                     ld_out: inter,
                     intermediate: inter,
                 },
-                &mut scratch,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -266,13 +241,6 @@ fn run_gemv(
                 .collect()
         }
     };
-    // Counters must be back at zero for the next launch.
-    let counters = s.clone_dtoh(&sc.counters).unwrap();
-    assert!(
-        counters.iter().all(|&c| c == 0),
-        "{}: arrival counters left non-zero",
-        c.name
-    );
     out
 }
 
@@ -438,149 +406,171 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_qkv_rope_writes_q_and_the_paged_cache() {
-    let mut rng = seed("qkv_rope");
-    let d = device();
-    for policy in [Policy::Auto, Policy::PtxOnly] {
-        let kr = kernels(&d, policy);
+struct AttnDevice {
+    m: usize,
+    qkv: CudaSlice<bf16>,
+    q_norm: CudaSlice<bf16>,
+    k_norm: CudaSlice<bf16>,
+    cos_sin: CudaSlice<f32>,
+    table: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    kc: CudaSlice<bf16>,
+    vc: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+    ws_ml: CudaSlice<f32>,
+    ws_o: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
+}
+
+/// Inputs of one fused decode-attention launch: `m` rows, row r at position `pos[r]` of its own
+/// slot, whose earlier positions hold random keys and values in a shuffled block table.
+struct AttnInputs {
+    q_heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    pos: Vec<usize>,
+    ld_bt: usize,
+    ids: Vec<i32>,
+    slots: Vec<i32>,
+    kc: Vec<bf16>,
+    vc: Vec<bf16>,
+    qkv: Vec<bf16>,
+    q_norm: Vec<bf16>,
+    k_norm: Vec<bf16>,
+    cos_sin: Vec<f32>,
+    max_pos: usize,
+}
+
+impl AttnInputs {
+    fn new(rng: &mut StdRng, q_heads: usize, kv_heads: usize, hd: usize, pos: Vec<usize>) -> Self {
+        let m = pos.len();
+        let ld_bt = pos
+            .iter()
+            .map(|p| (p + 1).div_ceil(BLOCK_TOKENS))
+            .max()
+            .unwrap()
+            + 1;
+        let blocks = m * ld_bt;
+        let block_elems = kv_heads * BLOCK_TOKENS * hd;
+        let mut ids: Vec<i32> = (0..blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.gen_range(0..=i));
+        }
+        let max_pos = ld_bt * BLOCK_TOKENS;
+        AttnInputs {
+            q_heads,
+            kv_heads,
+            hd,
+            ld_bt,
+            ids,
+            slots: (0..m as i32).rev().collect(),
+            kc: rand_bf16(rng, blocks * block_elems, 1.0),
+            vc: rand_bf16(rng, blocks * block_elems, 1.0),
+            qkv: rand_bf16(rng, m * (q_heads + 2 * kv_heads) * hd, 2.0),
+            q_norm: rand_bf16(rng, hd, 1.2),
+            k_norm: rand_bf16(rng, hd, 1.2),
+            cos_sin: cos_sin_cache(max_pos, hd, 1e6),
+            max_pos,
+            pos,
+        }
+    }
+
+    /// Device buffers for rows `rows` (a subset, in that order).
+    fn upload(&self, kr: &LoadedKernels, rows: &[usize]) -> AttnDevice {
         let s = kr.stream();
-        for (q_heads, kv_heads, hd, k) in [
-            (32usize, 8usize, 128usize, 2560usize),
-            (16, 2, 256, 2048),
-            (4, 2, 64, 320),
-            (6, 6, 64, 200),
-        ] {
-            let m = 8;
-            let n = (q_heads + 2 * kv_heads) * hd;
-            let max_pos = 4096;
-            let blocks = 64;
-            let ld_bt = 8;
-            let w = rand_bf16(&mut rng, n * k, (3.0 / k as f32).sqrt());
-            let x = rand_bf16(&mut rng, m * k, 1.5);
-            let qn = rand_bf16(&mut rng, hd, 1.2);
-            let kn = rand_bf16(&mut rng, hd, 1.2);
-            let cs = cos_sin_cache(max_pos, hd, 1e6);
-            // Each row its own slot with a random block table; positions anywhere in the table.
-            let mut table = vec![-1i32; m * ld_bt];
-            let mut free: Vec<i32> = (0..blocks as i32).collect();
-            for v in table.iter_mut() {
-                let i = rng.gen_range(0..free.len());
-                *v = free.swap_remove(i);
-            }
-            let slots: Vec<i32> = (0..m as i32).rev().collect();
-            let positions: Vec<i32> = (0..m)
-                .map(|_| rng.gen_range(0..(ld_bt * BLOCK_TOKENS) as i32))
-                .collect();
-            let dw = upload(s, &w);
-            let dx = upload(s, &x);
-            let (dqn, dkn, dcs, dtab, dslots, dpos) = (
-                upload(s, &qn),
-                upload(s, &kn),
-                upload(s, &cs),
-                upload(s, &table),
-                upload(s, &slots),
-                upload(s, &positions),
-            );
-            let mut q_out = s.alloc_zeros::<bf16>(m * q_heads * hd).unwrap();
-            let cache_elems = blocks * kv_heads * BLOCK_TOKENS * hd;
-            let mut kc = s.alloc_zeros::<bf16>(cache_elems).unwrap();
-            let mut vc = s.alloc_zeros::<bf16>(cache_elems).unwrap();
-            let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
-            let mut sc = Scratch::new(s, ws, cn);
-            let mut scratch = GemvScratch {
-                ws: dev_mut(&kr, &mut sc.ws),
-                counters: dev_mut(&kr, &mut sc.counters),
-            };
-            gemv(
-                &kr,
-                dev(&kr, &dw),
-                n,
-                k,
-                m,
-                &GemvInput::Plain {
-                    x: dev(&kr, &dx),
-                    ld_x: k,
-                },
-                GemvOutput::QkvRope(QkvRope {
-                    q_out: dev_mut(&kr, &mut q_out),
-                    ld_q: q_heads * hd,
-                    q_norm: dev(&kr, &dqn),
-                    k_norm: dev(&kr, &dkn),
-                    eps: 1e-6,
-                    weight_offset: 0.0,
-                    cos_sin: dev(&kr, &dcs),
-                    max_pos,
-                    k_cache: dev_mut(&kr, &mut kc),
-                    v_cache: dev_mut(&kr, &mut vc),
-                    block_table: dev(&kr, &dtab),
-                    ld_bt,
-                    slot_of_row: dev(&kr, &dslots),
-                    positions: dev(&kr, &dpos),
-                    q_heads,
-                    kv_heads,
-                    head_dim: hd,
-                }),
-                &mut scratch,
-            )
-            .unwrap();
-            let (gq, gk, gv) = (
-                s.clone_dtoh(&q_out).unwrap(),
-                s.clone_dtoh(&kc).unwrap(),
-                s.clone_dtoh(&vc).unwrap(),
-            );
-            let y = gemv_reference(&w, n, k, &x, m);
-            let shape = QkvShape {
-                q_heads,
-                kv_heads,
-                head_dim: hd,
+        let w = (self.q_heads + 2 * self.kv_heads) * self.hd;
+        let m = rows.len();
+        let qkv: Vec<bf16> = rows
+            .iter()
+            .flat_map(|&r| self.qkv[r * w..(r + 1) * w].to_vec())
+            .collect();
+        let slots: Vec<i32> = rows.iter().map(|&r| self.slots[r]).collect();
+        let pos: Vec<i32> = rows.iter().map(|&r| self.pos[r] as i32).collect();
+        let (a, b, c) = attn_scratch_needs(m, self.q_heads, self.kv_heads, self.hd);
+        AttnDevice {
+            m,
+            qkv: upload(s, &qkv),
+            q_norm: upload(s, &self.q_norm),
+            k_norm: upload(s, &self.k_norm),
+            cos_sin: upload(s, &self.cos_sin),
+            table: upload(s, &self.ids),
+            slots: upload(s, &slots),
+            pos: upload(s, &pos),
+            kc: upload(s, &self.kc),
+            vc: upload(s, &self.vc),
+            out: s.alloc_zeros::<bf16>(m * self.q_heads * self.hd).unwrap(),
+            ws_ml: s.alloc_zeros::<f32>(a).unwrap(),
+            ws_o: s.alloc_zeros::<f32>(b).unwrap(),
+            counters: s.alloc_zeros::<u32>(c).unwrap(),
+        }
+    }
+
+    fn launch(&self, kr: &LoadedKernels, d: &mut AttnDevice, grid: usize) {
+        attention_decode(
+            kr,
+            AttnDecode {
+                qkv: dev(kr, &d.qkv),
+                ld_qkv: (self.q_heads + 2 * self.kv_heads) * self.hd,
+                q_norm: dev(kr, &d.q_norm),
+                k_norm: dev(kr, &d.k_norm),
                 eps: 1e-6,
                 weight_offset: 0.0,
-            };
-            let (mut wq, mut wk, mut wv, mut got_k, mut got_v) =
-                (vec![], vec![], vec![], vec![], vec![]);
-            for t in 0..m {
-                let pos = positions[t] as usize;
-                let csr = &cs[pos * hd..(pos + 1) * hd];
-                let blk = table[slots[t] as usize * ld_bt + pos / BLOCK_TOKENS] as usize;
-                for h in 0..q_heads + 2 * kv_heads {
-                    let yh = &y[t * n + h * hd..t * n + (h + 1) * hd];
-                    if h < q_heads {
-                        wq.extend(qkv_head_reference(yh, Some(&qn), csr, &shape));
-                    } else {
-                        let kvh = if h < q_heads + kv_heads {
-                            h - q_heads
-                        } else {
-                            h - q_heads - kv_heads
-                        };
-                        let at = ((blk * kv_heads + kvh) * BLOCK_TOKENS + pos % BLOCK_TOKENS) * hd;
-                        if h < q_heads + kv_heads {
-                            wk.extend(qkv_head_reference(yh, Some(&kn), csr, &shape));
-                            got_k.extend_from_slice(&gk[at..at + hd]);
-                        } else {
-                            wv.extend(qkv_head_reference(yh, None, csr, &shape));
-                            got_v.extend_from_slice(&gv[at..at + hd]);
-                        }
-                    }
-                }
-            }
-            let label = format!("{policy} qkv {q_heads}/{kv_heads}x{hd} k={k}");
-            check_bf16(&format!("{label} q"), &gq, &wq, 2, 2e-2);
-            check_bf16(&format!("{label} k cache"), &got_k, &wk, 2, 2e-2);
-            check_bf16(&format!("{label} v cache"), &got_v, &wv, 1, 2e-3);
-            let written = gk.iter().filter(|v| v.to_bits() != 0).count();
-            assert!(
-                written <= m * kv_heads * hd,
-                "{label}: the cache has writes outside the rows' positions"
-            );
-        }
+                cos_sin: dev(kr, &d.cos_sin),
+                max_pos: self.max_pos,
+                k_cache: dev_mut(kr, &mut d.kc),
+                v_cache: dev_mut(kr, &mut d.vc),
+                block_table: dev(kr, &d.table),
+                ld_bt: self.ld_bt,
+                slot_of_row: dev(kr, &d.slots),
+                positions: dev(kr, &d.pos),
+                out: dev_mut(kr, &mut d.out),
+                m: d.m,
+                q_heads: self.q_heads,
+                kv_heads: self.kv_heads,
+                head_dim: self.hd,
+                grid_splits: grid,
+            },
+            &mut AttnScratch {
+                ws_ml: dev_mut(kr, &mut d.ws_ml),
+                ws_o: dev_mut(kr, &mut d.ws_o),
+                counters: dev_mut(kr, &mut d.counters),
+            },
+        )
+        .unwrap();
+    }
+
+    /// Runs rows `rows` once; returns (out, k cache, v cache).
+    fn run(
+        &self,
+        kr: &LoadedKernels,
+        rows: &[usize],
+        grid: usize,
+    ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+        let s = kr.stream();
+        let mut d = self.upload(kr, rows);
+        self.launch(kr, &mut d, grid);
+        assert!(
+            s.clone_dtoh(&d.counters).unwrap().iter().all(|&c| c == 0),
+            "merge counters left non-zero"
+        );
+        (
+            s.clone_dtoh(&d.out).unwrap(),
+            s.clone_dtoh(&d.kc).unwrap(),
+            s.clone_dtoh(&d.vc).unwrap(),
+        )
+    }
+
+    /// Where position `p` of row `r` lives in a cache.
+    fn at(&self, r: usize, p: usize, kv: usize) -> usize {
+        let blk = self.ids[self.slots[r] as usize * self.ld_bt + p / BLOCK_TOKENS] as usize;
+        ((blk * self.kv_heads + kv) * BLOCK_TOKENS + p % BLOCK_TOKENS) * self.hd
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_decode_attention_matches_reference_over_paged_cache() {
+fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
     let mut rng = seed("attention");
     let d = device();
     let sass = kernels(&d, Policy::Auto);
@@ -596,112 +586,85 @@ fn gpu_decode_attention_matches_reference_over_paged_cache() {
         (4, 2, 64, vec![33, 1, 2000, 48, 16, 7, 130, 513]),
         (8, 8, 64, vec![600]),
     ] {
-        let m = ctxs.len();
-        let ld_bt = ctxs.iter().map(|c| c.div_ceil(BLOCK_TOKENS)).max().unwrap() + 1;
-        let blocks = m * ld_bt;
-        let block_elems = kv_heads * BLOCK_TOKENS * hd;
-        let kc = rand_bf16(&mut rng, blocks * block_elems, 1.0);
-        let vc = rand_bf16(&mut rng, blocks * block_elems, 1.0);
-        let q = rand_bf16(&mut rng, m * q_heads * hd, 2.0);
-        let mut ids: Vec<i32> = (0..blocks as i32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.gen_range(0..=i));
-        }
-        let slots: Vec<i32> = (0..m as i32).collect();
+        let pos: Vec<usize> = ctxs.iter().map(|c| c - 1).collect();
+        let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, pos.clone());
+        let m = pos.len();
         let grid = ctxs.iter().map(|&c| attn_splits(c).0).max().unwrap();
-        let run = |kr: &LoadedKernels, rows: &[usize]| -> Vec<bf16> {
-            let s = kr.stream();
-            let mr = rows.len();
-            let sub_q: Vec<bf16> = rows
-                .iter()
-                .flat_map(|&r| q[r * q_heads * hd..(r + 1) * q_heads * hd].to_vec())
-                .collect();
-            let sub_slots: Vec<i32> = rows.iter().map(|&r| slots[r]).collect();
-            let sub_ctx: Vec<i32> = rows.iter().map(|&r| ctxs[r] as i32).collect();
-            let (dq, dk, dv, dt, ds, dc) = (
-                upload(s, &sub_q),
-                upload(s, &kc),
-                upload(s, &vc),
-                upload(s, &ids),
-                upload(s, &sub_slots),
-                upload(s, &sub_ctx),
-            );
-            let mut out = s.alloc_zeros::<bf16>(mr * q_heads * hd).unwrap();
-            let (a, b, c) = attn_scratch_needs(mr, q_heads, kv_heads, hd);
-            let (mut wml, mut wo, mut cnt) = (
-                s.alloc_zeros::<f32>(a).unwrap(),
-                s.alloc_zeros::<f32>(b).unwrap(),
-                s.alloc_zeros::<u32>(c).unwrap(),
-            );
-            attention_decode(
-                kr,
-                AttnDecode {
-                    q: dev(kr, &dq),
-                    k_cache: dev(kr, &dk),
-                    v_cache: dev(kr, &dv),
-                    block_table: dev(kr, &dt),
-                    ld_bt,
-                    slot_of_row: dev(kr, &ds),
-                    ctx_lens: dev(kr, &dc),
-                    out: dev_mut(kr, &mut out),
-                    m: mr,
-                    q_heads,
-                    kv_heads,
-                    head_dim: hd,
-                    grid_splits: grid,
-                },
-                &mut AttnScratch {
-                    ws_ml: dev_mut(kr, &mut wml),
-                    ws_o: dev_mut(kr, &mut wo),
-                    counters: dev_mut(kr, &mut cnt),
-                },
-            )
-            .unwrap();
-            assert!(
-                s.clone_dtoh(&cnt).unwrap().iter().all(|&c| c == 0),
-                "counters left non-zero"
-            );
-            s.clone_dtoh(&out).unwrap()
-        };
         let all: Vec<usize> = (0..m).collect();
-        let got = run(&sass, &all);
-        assert_eq!(got, run(&ptx, &all), "SASS and PTX differ");
-        for (r, &ctx) in ctxs.iter().enumerate() {
-            // Gather the row's keys and values in position order through its block table.
+        let (out, kc, vc) = inp.run(&sass, &all, grid);
+        let (out_ptx, kc_ptx, vc_ptx) = inp.run(&ptx, &all, grid);
+        assert_eq!(
+            (&out, &kc, &vc),
+            (&out_ptx, &kc_ptx, &vc_ptx),
+            "SASS and PTX differ"
+        );
+        let shape = QkvShape {
+            q_heads,
+            kv_heads,
+            head_dim: hd,
+            eps: 1e-6,
+            weight_offset: 0.0,
+        };
+        let w = (q_heads + 2 * kv_heads) * hd;
+        for (r, &p) in pos.iter().enumerate() {
+            let raw = |head: usize| -> Vec<f64> {
+                inp.qkv[r * w + head * hd..r * w + (head + 1) * hd]
+                    .iter()
+                    .map(|v| f64::from(v.to_f32()))
+                    .collect()
+            };
+            let cs = &inp.cos_sin[p * hd..(p + 1) * hd];
+            let label = format!(
+                "{q_heads}/{kv_heads}x{hd} pos {p} ({} splits)",
+                attn_splits(p + 1).0
+            );
+            // The new key and value in the cache; everything else in the cache untouched.
             let (mut keys, mut values) = (Vec::new(), Vec::new());
-            for pos in 0..ctx {
-                let blk = ids[slots[r] as usize * ld_bt + pos / BLOCK_TOKENS] as usize;
-                for h in 0..kv_heads {
-                    let at = ((blk * kv_heads + h) * BLOCK_TOKENS + pos % BLOCK_TOKENS) * hd;
-                    keys.extend_from_slice(&kc[at..at + hd]);
-                    values.extend_from_slice(&vc[at..at + hd]);
+            for t in 0..=p {
+                for kv in 0..kv_heads {
+                    let at = inp.at(r, t, kv);
+                    if t == p {
+                        let want_k =
+                            qkv_head_reference(&raw(q_heads + kv), Some(&inp.k_norm), cs, &shape);
+                        let want_v =
+                            qkv_head_reference(&raw(q_heads + kv_heads + kv), None, cs, &shape);
+                        check_bf16(
+                            &format!("{label} new key"),
+                            &kc[at..at + hd],
+                            &want_k,
+                            2,
+                            2e-2,
+                        );
+                        assert_eq!(&vc[at..at + hd], &want_v[..], "{label}: new value");
+                        keys.extend(want_k);
+                        values.extend(want_v);
+                    } else {
+                        assert_eq!(
+                            &kc[at..at + hd],
+                            &inp.kc[at..at + hd],
+                            "{label}: key {t} changed"
+                        );
+                        keys.extend_from_slice(&inp.kc[at..at + hd]);
+                        values.extend_from_slice(&inp.vc[at..at + hd]);
+                    }
                 }
             }
-            let want = attention_decode_reference(
-                &q[r * q_heads * hd..(r + 1) * q_heads * hd],
-                &keys,
-                &values,
-                ctx,
-                q_heads,
-                kv_heads,
-                hd,
-            );
-            let label = format!(
-                "attention {q_heads}/{kv_heads}x{hd} ctx {ctx} ({} splits)",
-                attn_splits(ctx).0
-            );
+            let q: Vec<bf16> = (0..q_heads)
+                .flat_map(|h| qkv_head_reference(&raw(h), Some(&inp.q_norm), cs, &shape))
+                .collect();
+            let want = attention_decode_reference(&q, &keys, &values, p + 1, q_heads, kv_heads, hd);
             check_bf16(
                 &label,
-                &got[r * q_heads * hd..(r + 1) * q_heads * hd],
+                &out[r * q_heads * hd..(r + 1) * q_heads * hd],
                 &want,
                 2,
                 2e-3,
             );
             if m > 1 {
-                let alone = run(&sass, &[r]);
+                let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0);
                 assert_eq!(
                     alone,
-                    got[r * q_heads * hd..(r + 1) * q_heads * hd],
+                    out[r * q_heads * hd..(r + 1) * q_heads * hd],
                     "{label}: alone differs from batched"
                 );
             }
@@ -751,18 +714,12 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
     let d = device();
     let kr = kernels(&d, Policy::Auto);
     let s = kr.stream();
-    // down_proj shape: 7 splits, so counters are used and must reset between replays.
+    // down_proj shape (narrow: the warps of a block split K).
     let (n, k, m) = (2560usize, 9728usize, 4usize);
     let w = upload(s, &rand_bf16(&mut rng, n * k, 0.02));
     let x = upload(s, &rand_bf16(&mut rng, m * k, 1.0));
-    let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
-    let mut sc = Scratch::new(s, ws, cn);
     let mut out = s.alloc_zeros::<bf16>(m * n).unwrap();
-    let launch = |sc: &mut Scratch, out: &mut CudaSlice<bf16>| {
-        let mut scratch = GemvScratch {
-            ws: dev_mut(&kr, &mut sc.ws),
-            counters: dev_mut(&kr, &mut sc.counters),
-        };
+    let launch = |out: &mut CudaSlice<bf16>| {
         gemv(
             &kr,
             dev(&kr, &w),
@@ -777,16 +734,15 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
                 out: dev_mut(&kr, out),
                 ld_out: n,
             },
-            &mut scratch,
         )
         .unwrap();
     };
-    launch(&mut sc, &mut out);
+    launch(&mut out);
     let eager = s.clone_dtoh(&out).unwrap();
     s.memset_zeros(&mut out).unwrap();
     s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
-    launch(&mut sc, &mut out);
+    launch(&mut out);
     let graph = s
         .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
         .unwrap()
@@ -813,8 +769,6 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
         let ssq = upload(s, &[k as f32; 8]);
         let nw = upload(s, &vec![bf16::ONE; k]);
         let mut out = s.alloc_zeros::<bf16>(8 * n).unwrap();
-        let (ws, cn) = gemv_scratch_needs(n, k, kr.sm_count());
-        let mut sc = Scratch::new(s, ws, cn);
         for m in [1usize, 8] {
             let input = if norm {
                 GemvInput::Norm {
@@ -839,10 +793,6 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
                 if i == 5 {
                     start.record(s).unwrap();
                 }
-                let mut scratch = GemvScratch {
-                    ws: dev_mut(&kr, &mut sc.ws),
-                    counters: dev_mut(&kr, &mut sc.counters),
-                };
                 gemv(
                     &kr,
                     dev(&kr, &w),
@@ -854,7 +804,6 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
                         out: dev_mut(&kr, &mut out),
                         ld_out: n,
                     },
-                    &mut scratch,
                 )
                 .unwrap();
             }
@@ -910,51 +859,12 @@ fn gpu_attention_decode_timings() {
     let s = kr.stream();
     let (q_heads, kv_heads, hd) = (32usize, 8usize, 128usize);
     for (m, ctx) in [(1usize, 300usize), (1, 1024), (8, 300), (8, 1024)] {
-        let ld_bt = ctx.div_ceil(BLOCK_TOKENS);
-        let blocks = m * ld_bt;
-        let elems = blocks * kv_heads * BLOCK_TOKENS * hd;
-        let (kc, vc) = (
-            upload(s, &rand_bf16(&mut rng, elems, 1.0)),
-            upload(s, &rand_bf16(&mut rng, elems, 1.0)),
-        );
-        let q = upload(s, &rand_bf16(&mut rng, m * q_heads * hd, 1.0));
-        let table = upload(s, &(0..blocks as i32).collect::<Vec<_>>());
-        let slots = upload(s, &(0..m as i32).collect::<Vec<_>>());
-        let ctxs = upload(s, &vec![ctx as i32; m]);
-        let mut out = s.alloc_zeros::<bf16>(m * q_heads * hd).unwrap();
-        let (a, b, c) = attn_scratch_needs(m, q_heads, kv_heads, hd);
-        let (mut wml, mut wo, mut cnt) = (
-            s.alloc_zeros::<f32>(a).unwrap(),
-            s.alloc_zeros::<f32>(b).unwrap(),
-            s.alloc_zeros::<u32>(c).unwrap(),
-        );
+        let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, vec![ctx - 1; m]);
         let grid = attn_splits(ctx).0;
-        let mut launch = |out: &mut CudaSlice<bf16>| {
-            attention_decode(
-                &kr,
-                AttnDecode {
-                    q: dev(&kr, &q),
-                    k_cache: dev(&kr, &kc),
-                    v_cache: dev(&kr, &vc),
-                    block_table: dev(&kr, &table),
-                    ld_bt,
-                    slot_of_row: dev(&kr, &slots),
-                    ctx_lens: dev(&kr, &ctxs),
-                    out: dev_mut(&kr, out),
-                    m,
-                    q_heads,
-                    kv_heads,
-                    head_dim: hd,
-                    grid_splits: grid,
-                },
-                &mut AttnScratch {
-                    ws_ml: dev_mut(&kr, &mut wml),
-                    ws_o: dev_mut(&kr, &mut wo),
-                    counters: dev_mut(&kr, &mut cnt),
-                },
-            )
-            .unwrap()
-        };
+        let rows: Vec<usize> = (0..m).collect();
+        let mut dv = inp.upload(&kr, &rows);
+        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid);
+        let mut out = ();
         for _ in 0..5 {
             launch(&mut out);
         }

@@ -1,6 +1,10 @@
-// Decode attention over the paged KV cache (one new query token per sequence), GQA, split-KV.
+// Decode attention over the paged KV cache (one new query token per sequence), GQA, split-KV,
+// with the step before it fused in: from the raw qkv projection of the new token, each block
+// builds its query heads (per-head RMSNorm with q_norm, NeoX RoPE at the token's position), and
+// the block whose split holds that position also writes the token's key (k_norm, RoPE) and value
+// into the paged cache before reading it.
 //
-//   o[q] = sum_t softmax_t(q . k_t / sqrt(d)) v_t      over the sequence's positions 0..ctx-1
+//   o[q] = sum_t softmax_t(q . k_t / sqrt(d)) v_t      over the sequence's positions 0..pos
 //
 // Grid (kv_heads, rows, max_splits); a block reads the K and V of one KV head once for all the
 // query heads that share it. A sequence's context is cut into `attn_splits(ctx)` ranges of whole
@@ -27,20 +31,56 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Mirrored by `AttnDecodeParams` in src/ops/attention.rs (repr(C)).
 struct AttnDecodeParams {
-    const __nv_bfloat16* q;        // [m][q_heads * d]
-    const __nv_bfloat16* k_cache;  // [blocks][kv_heads][16][d]
-    const __nv_bfloat16* v_cache;
+    const __nv_bfloat16* qkv;      // [m][ld_qkv]: the new token's [q heads | k heads | v heads]
+    const __nv_bfloat16* q_norm;   // [d]
+    const __nv_bfloat16* k_norm;   // [d]
+    const float* cos_sin;          // [max_pos][d]: cos half, then sin half
+    __nv_bfloat16* k_cache;        // [blocks][kv_heads][16][d]
+    __nv_bfloat16* v_cache;
     const int* block_table;        // [slots][ld_bt]
     const int* slot_of_row;        // [m]
-    const int* ctx_lens;           // [m]: positions 0..ctx-1 are in the cache
+    const int* positions;          // [m]: the new token's position; 0..pos are attended
     __nv_bfloat16* out;            // [m][q_heads * d]
     float* ws_ml;                  // [m][q_heads][kMaxSplits][2]: running max, sum
     float* ws_o;                   // [m][q_heads][kMaxSplits][d]
     unsigned* counters;            // [m][kv_heads], zero between launches
-    int m, q_heads, kv_heads, ld_bt;
+    int m, q_heads, kv_heads, ld_bt, ld_qkv, max_pos;
     float scale;                   // 1/sqrt(d)
+    float eps;
+    float norm_offset;             // 0: w, 1: (1 + w)
     int pad_;
 };
+
+// One head of the new token through RMSNorm (`w`, or none for v) and NeoX RoPE at `pos`: lane
+// holds dims j = lane + 32 i and j + d/2, i < d/64, rounded to bf16 as the model stores them.
+template <int D>
+__device__ __forceinline__ void head_prologue(const AttnDecodeParams& p, const __nv_bfloat16* raw, const __nv_bfloat16* w,
+                                              int pos, float (&x)[D / 32]) {
+    constexpr int kPer = D / 64;
+    constexpr int kHalf = D / 2;
+    const int lane = threadIdx.x & 31;
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        x[2 * i] = __bfloat162float(raw[lane + 32 * i]);
+        x[2 * i + 1] = __bfloat162float(raw[lane + 32 * i + kHalf]);
+        sum_sq += x[2 * i] * x[2 * i] + x[2 * i + 1] * x[2 * i + 1];
+    }
+    if (w == nullptr) return;
+    const float scale = rsqrtf(aot::warp_sum(sum_sq) / static_cast<float>(D) + p.eps);
+    const float* cs = p.cos_sin + static_cast<int64_t>(pos) * D;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int j = lane + 32 * i;
+        const float x1 = aot::round_bf16((__bfloat162float(w[j]) + p.norm_offset) * aot::round_bf16(x[2 * i] * scale));
+        const float x2 =
+            aot::round_bf16((__bfloat162float(w[j + kHalf]) + p.norm_offset) * aot::round_bf16(x[2 * i + 1] * scale));
+        const float c = cs[j];
+        const float sn = cs[j + kHalf];
+        x[2 * i] = aot::round_bf16(x1 * c - x2 * sn);
+        x[2 * i + 1] = aot::round_bf16(x2 * c + x1 * sn);
+    }
+}
 
 // The split of a context of `ctx` tokens: `count` ranges of `tokens` tokens (a multiple of 16).
 // src/ops/attention.rs::attn_splits is the host twin.
@@ -74,12 +114,15 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int row = blockIdx.y;
     const int split = blockIdx.z;
     const int group = p.q_heads / p.kv_heads;
-    const int ctx = p.ctx_lens[row];
+    const int pos = p.positions[row];
+    const int ctx = pos + 1;
     const Splits sp = attn_splits(ctx);
-    if (sp.count > static_cast<int>(gridDim.z) || ctx <= 0) __trap();
+    if (sp.count > static_cast<int>(gridDim.z) || pos < 0 || pos >= p.max_pos || pos / kBlockTokens >= p.ld_bt) {
+        __trap();
+    }
     aot::pdl_launch_dependents();
     if (split >= sp.count) return;
-    // From here on the query and the cache written by the qkv projection are read.
+    // From here on the qkv projection's output is read.
     aot::pdl_wait();
     const int t_begin = split * sp.tokens;
     const int t_end = min(ctx, t_begin + sp.tokens);
@@ -87,15 +130,38 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int warp = threadIdx.x >> 5;
     const int slot = p.slot_of_row[row];
     const int* table = p.block_table + static_cast<int64_t>(slot) * p.ld_bt;
-    if ((ctx - 1) / kBlockTokens >= p.ld_bt) __trap();
+    const __nv_bfloat16* raw = p.qkv + static_cast<int64_t>(row) * p.ld_qkv;
+    const int ld_q = p.q_heads * D;  // out rows
 
-    // Query heads of this KV head, pre-scaled so that scores are in base 2.
-    const int ld_q = p.q_heads * D;
-    for (int i = threadIdx.x; i < group * D; i += kThreads) {
-        const int h = i / D, d = i - h * D;
-        const float v = __bfloat162float(p.q[static_cast<int64_t>(row) * ld_q + (kvh * group + h) * D + d]);
-        q_s[h * kQStride + (d < kHalf ? d : d + 4)] = v * p.scale * kLog2e;
+    // Query heads of this KV head (warp w builds heads w, w + 4), normed, rotated and pre-scaled
+    // so that scores are in base 2.
+    for (int h = warp; h < group; h += kWarps) {
+        float x[D / 32];
+        head_prologue<D>(p, raw + (kvh * group + h) * D, p.q_norm, pos, x);
+#pragma unroll
+        for (int i = 0; i < D / 64; ++i) {
+            const int j = lane + 32 * i;
+            q_s[h * kQStride + j] = x[2 * i] * p.scale * kLog2e;
+            q_s[h * kQStride + j + kHalf + 4] = x[2 * i + 1] * p.scale * kLog2e;
+        }
     }
+    // The split holding the new position writes its key and value into the cache.
+    if (split == sp.count - 1 && warp < 2) {
+        const int blk = table[pos / kBlockTokens];
+        if (blk < 0) __trap();
+        const bool is_k = warp == 0;
+        float x[D / 32];
+        head_prologue<D>(p, raw + (p.q_heads + (is_k ? 0 : p.kv_heads) + kvh) * D, is_k ? p.k_norm : nullptr, pos, x);
+        __nv_bfloat16* dst = (is_k ? p.k_cache : p.v_cache) +
+                             ((static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens + pos % kBlockTokens) * D;
+#pragma unroll
+        for (int i = 0; i < D / 64; ++i) {
+            const int j = lane + 32 * i;
+            dst[j] = __float2bfloat16_rn(x[2 * i]);
+            dst[j + kHalf] = __float2bfloat16_rn(x[2 * i + 1]);
+        }
+    }
+    // Makes the query and the written key/value visible to the whole block.
     __syncthreads();
 
     float m_run[kMaxGroup], l_run[kMaxGroup], o[kMaxGroup][kPerLane];
@@ -125,7 +191,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 #pragma unroll 4
         for (int c = 0; c < kHalf / 8; ++c) {
             float kf[8];
-            aot::unpack8(valid ? __ldg(krow + c) : make_uint4(0, 0, 0, 0), kf);
+            aot::unpack8(valid ? krow[c] : make_uint4(0, 0, 0, 0), kf);
 #pragma unroll
             for (int h = 0; h < kMaxGroup; ++h) {
                 if (h < group) {
@@ -177,14 +243,14 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
                 const __nv_bfloat16* vp = vbase + (t0 + q) * D;
                 const bool ok = t0 + q < n_tok;
                 if constexpr (kPerLane == 8) {
-                    aot::unpack8(ok ? __ldg(reinterpret_cast<const uint4*>(vp)) : make_uint4(0, 0, 0, 0), vf[q]);
+                    aot::unpack8(ok ? *reinterpret_cast<const uint4*>(vp) : make_uint4(0, 0, 0, 0), vf[q]);
                 } else if constexpr (kPerLane == 4) {
-                    const uint2 raw = ok ? __ldg(reinterpret_cast<const uint2*>(vp)) : make_uint2(0, 0);
-                    vf[q][0] = aot::bf16_lo(raw.x); vf[q][1] = aot::bf16_hi(raw.x);
-                    vf[q][2] = aot::bf16_lo(raw.y); vf[q][3] = aot::bf16_hi(raw.y);
+                    const uint2 rv = ok ? *reinterpret_cast<const uint2*>(vp) : make_uint2(0, 0);
+                    vf[q][0] = aot::bf16_lo(rv.x); vf[q][1] = aot::bf16_hi(rv.x);
+                    vf[q][2] = aot::bf16_lo(rv.y); vf[q][3] = aot::bf16_hi(rv.y);
                 } else {
-                    const unsigned raw = ok ? __ldg(reinterpret_cast<const unsigned*>(vp)) : 0u;
-                    vf[q][0] = aot::bf16_lo(raw); vf[q][1] = aot::bf16_hi(raw);
+                    const unsigned rv = ok ? *reinterpret_cast<const unsigned*>(vp) : 0u;
+                    vf[q][0] = aot::bf16_lo(rv); vf[q][1] = aot::bf16_hi(rv);
                 }
             }
 #pragma unroll

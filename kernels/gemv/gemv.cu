@@ -3,25 +3,27 @@
 //   y[m, n] = sum_k x[m, k] * W[n, k]        (W row-major [n, k] as Hugging Face stores it; m <= 8)
 //
 // One mma.m16n8k16 tile covers 16 weight rows x 8 tokens, so batches of 1 to 8 tokens cost the
-// same weight traffic; every weight byte is read once with a 16-byte streaming load.
+// same weight traffic; every weight byte is read once with a 16-byte streaming load, eight 32-
+// element chunks in flight per warp.
 //
-// Work: units of 16 rows (one mma tile) x a K range (`splits` ranges per row). Every warp streams
-// its own units with no block-wide barrier: a unit's weight rows are read in 32-element chunks,
-// eight chunks in flight. Partial sums of a split-K unit go to a workspace; the last warp to finish
-// an epilogue group (16 rows, or a whole attention head) adds the partials in split order and runs
-// the epilogue. The order of every sum is fixed by the launch shape, never by timing, and a
-// token's result never depends on the other tokens of the batch.
+// Work comes in 16-row tiles, in one of two shapes (the host picks by the number of tiles):
+//   wide    many tiles (gate_up, lm_head): each warp takes whole tiles, all of K, and runs the
+//           epilogue itself: no barrier anywhere in the stream.
+//   narrow  few tiles (qkv, o_proj, down): a block takes a tile and its eight warps split K, then
+//           add their partial sums in shared memory in warp order.
+// Either way a result is complete inside one warp or one block: no workspace, no atomics, and the
+// order of every sum is fixed by the shapes, never by timing. A token's result never depends on
+// the other tokens of the batch.
 //
 // Prologue (`gemv_norm_bf16`): x is the residual stream h; every block builds
-// `bf16(w * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group sums of
-// squares the producer of h wrote. That fuses the RMSNorm before qkv, gate_up and lm_head.
+// `bf16((w + offset) * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group
+// sums of squares the producer of h wrote. That fuses the RMSNorm before qkv, gate_up and lm_head.
 //
-// Epilogues (on each group of rows, per token):
+// Epilogues (per 16-row group, every token):
 //   store_bf16 / store_f32   y
 //   residual                 h = bf16(h + bf16(y)); ssq[group] = sum h^2 (o_proj, down_proj)
 //   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 8 rows
 //                            are gate rows, the last 8 up rows (virtual rows, see pair_offset)
-//   qkv_rope                 per head: q/k RMSNorm, NeoX RoPE; q -> q_out, k and v -> paged cache
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
@@ -33,12 +35,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 16;
 constexpr int kMaxTokens = 8;
-constexpr int kMaxGroupRows = 256;
 constexpr int kUnroll = 8;
 constexpr int kXPad = 32;  // shared-memory row padding (elements): spreads rows over the banks
-constexpr int kBlockTokens = 16;  // KV-cache block size
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3, kQkvRope = 4 };
+enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3 };
 
 // Mirrored field for field by `GemvParams` in src/ops/gemv.rs (repr(C)).
 struct GemvParams {
@@ -46,48 +46,36 @@ struct GemvParams {
     const __nv_bfloat16* x;       // [m][ld_x] input (the residual stream h in the norm variant)
     const float* ssq;             // norm: [ssq_groups][8] sums of squares of h
     const __nv_bfloat16* norm_w;  // norm: [k]
-    float* ws;                    // split-K partials [splits][m][n]
-    unsigned* counters;           // per group; zero between launches (the last unit resets its own)
-    void* out;                    // bf16 or f32 [m][ld_out]; qkv_rope: q [m][ld_out]
+    void* out;                    // bf16 or f32 [m][ld_out]
     __nv_bfloat16* residual;      // residual: h [m][ld_res], updated in place
-    float* ssq_out;               // residual: [groups][8]
-    const __nv_bfloat16* q_norm_w;
-    const __nv_bfloat16* k_norm_w;
-    const float* cos_sin;         // [max_pos][head_dim]: cos half, then sin half
-    __nv_bfloat16* k_cache;       // [blocks][kv_heads][16][head_dim]
-    __nv_bfloat16* v_cache;
-    const int* block_table;       // [slots][ld_bt]
-    const int* slot_of_row;       // [m]
-    const int* positions;         // [m]
+    float* ssq_out;               // residual: [n / 16][8]
     int n, k, m;
     int ld_x, ld_out, ld_res;
     int ssq_groups;
     float eps;
     float norm_offset;            // 0: w, 1: (1 + w)
-    int splits, k_per_split;      // k_per_split is a multiple of 32
-    int group_rows;
     int epilogue;
     int pair_offset;              // > 0: the MLP width I; virtual rows pair gate and up rows
-    int q_heads, kv_heads, head_dim, max_pos, ld_bt;
-    int prefetch_bytes;           // per weight row of a warp's first unit, pulled into L2 early
+    int narrow;                   // 1: a block per tile, its warps splitting K
+    int pad_[2];
 };
 
 struct Shared {
-    float tile[kWarps][kMaxTokens][kTileRows];  // a unit's result, when it is a whole group
-    float vals[kWarps][kMaxGroupRows];          // one token of a group, summed over the splits
+    float tile[kWarps][kMaxTokens][kTileRows];  // a tile's result, per warp
+    float red[kWarps][32][4];                   // narrow: each warp's partial fragment
     float scale[kMaxTokens];
 };
 
 // The weight row behind virtual row `v`, or null past the end. With pair_offset (= I, the MLP
-// width), group g's first half maps to gate rows g*half.., its second half to up rows
-// I + g*half..; rows past I in the last group are null (I need not be a multiple of half).
+// width), tile t's first 8 rows map to gate rows 8t.., its last 8 to up rows I + 8t..; rows past I
+// in the last tile are null (I need not be a multiple of 8).
 __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, int v) {
     if (v >= p.n) return nullptr;
     int row = v;
     if (p.pair_offset > 0) {
-        const int half = p.group_rows / 2;
-        const int grp = v / p.group_rows;
-        const int r = v - grp * p.group_rows;
+        const int half = kTileRows / 2;
+        const int grp = v / kTileRows;
+        const int r = v - grp * kTileRows;
         const int j = grp * half + (r < half ? r : r - half);
         if (j >= p.pair_offset) return nullptr;
         row = r < half ? j : p.pair_offset + j;
@@ -97,133 +85,100 @@ __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
-// Per-head RMSNorm and RoPE of one token's head, then the store. One warp per token.
-__device__ void qkv_head(const GemvParams& p, int head, int token, const float* v) {
+// The epilogue of one tile for every token, from its sums `t[token][row]`. One warp runs it; lanes
+// cover (token, row) pairs so that all their loads are in flight together.
+__device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRows]) {
     const int lane = threadIdx.x & 31;
-    const int d = p.head_dim;
-    const int half = d / 2;
-    const bool is_q = head < p.q_heads;
-    const bool is_k = !is_q && head < p.q_heads + p.kv_heads;
-    const int pos = p.positions[token];
-    if (pos < 0 || pos >= p.max_pos || pos / kBlockTokens >= p.ld_bt) __trap();
-
-    constexpr int kMaxPer = kMaxGroupRows / 64;
-    float x[2 * kMaxPer];  // this lane's elements: j = lane + 32 i for i < d/64, and their partners j + half
-    const int per = half / 32;
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMaxPer; ++i) {
-        if (i >= per) break;
-        const float a = aot::round_bf16(v[lane + 32 * i]);
-        const float b = aot::round_bf16(v[lane + 32 * i + half]);
-        x[2 * i] = a;
-        x[2 * i + 1] = b;
-        sum_sq += a * a + b * b;
-    }
-    __nv_bfloat16* dst;
-    if (is_q) {
-        dst = reinterpret_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(token) * p.ld_out +
-              static_cast<int64_t>(head) * d;
-    } else {
-        const int kvh = is_k ? head - p.q_heads : head - p.q_heads - p.kv_heads;
-        const int slot = p.slot_of_row[token];
-        const int blk = p.block_table[static_cast<int64_t>(slot) * p.ld_bt + pos / kBlockTokens];
-        if (blk < 0) __trap();
-        __nv_bfloat16* cache = is_k ? p.k_cache : p.v_cache;
-        dst = cache + ((static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens + pos % kBlockTokens) * d;
-    }
-    if (is_q || is_k) {
-        const float scale = rsqrtf(aot::warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
-        const __nv_bfloat16* nw = is_q ? p.q_norm_w : p.k_norm_w;
-        const float* cs = p.cos_sin + static_cast<int64_t>(pos) * d;
-#pragma unroll
-        for (int i = 0; i < kMaxPer; ++i) {
-            if (i >= per) break;
-            const int j = lane + 32 * i;
-            const float x1 = aot::round_bf16((__bfloat162float(nw[j]) + p.norm_offset) * aot::round_bf16(x[2 * i] * scale));
-            const float x2 =
-                aot::round_bf16((__bfloat162float(nw[j + half]) + p.norm_offset) * aot::round_bf16(x[2 * i + 1] * scale));
-            const float c = cs[j];
-            const float s = cs[j + half];
-            dst[j] = __float2bfloat16_rn(x1 * c - x2 * s);
-            dst[j + half] = __float2bfloat16_rn(x2 * c + x1 * s);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < kMaxPer; ++i) {
-            if (i >= per) break;
-            const int j = lane + 32 * i;
-            dst[j] = __float2bfloat16_rn(x[2 * i]);
-            dst[j + half] = __float2bfloat16_rn(x[2 * i + 1]);
-        }
-    }
-}
-
-// Runs the epilogue of `group` for one token on its summed values `v[r]`, r < group_rows.
-// One warp calls it.
-__device__ void epilogue(const GemvParams& p, int group, int token, const float* v) {
-    const int n0 = group * p.group_rows;
-    const int rows = min(p.group_rows, p.n - n0);
-    const int lane = threadIdx.x & 31;
-    const int64_t row_base = static_cast<int64_t>(token) * p.ld_out + n0;
+    const int n0 = tile * kTileRows;
+    const int rows = min(kTileRows, p.n - n0);
     switch (p.epilogue) {
         case kStoreBf16:
-            for (int r = lane; r < rows; r += 32) {
-                reinterpret_cast<__nv_bfloat16*>(p.out)[row_base + r] = __float2bfloat16_rn(v[r]);
-            }
-            break;
         case kStoreF32:
-            for (int r = lane; r < rows; r += 32) reinterpret_cast<float*>(p.out)[row_base + r] = v[r];
+#pragma unroll
+            for (int q = 0; q < kMaxTokens * kTileRows / 32; ++q) {
+                const int idx = lane + 32 * q;
+                const int token = idx / kTileRows, r = idx % kTileRows;
+                if (token < p.m && r < rows) {
+                    const int64_t at = static_cast<int64_t>(token) * p.ld_out + n0 + r;
+                    if (p.epilogue == kStoreBf16) {
+                        reinterpret_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(t[token][r]);
+                    } else {
+                        reinterpret_cast<float*>(p.out)[at] = t[token][r];
+                    }
+                }
+            }
             break;
         case kResidual: {
-            // group_rows == 16
-            float sq = 0.0f;
-            if (lane < rows) {
-                __nv_bfloat16* h = p.residual + static_cast<int64_t>(token) * p.ld_res + n0 + lane;
-                const float nv = aot::round_bf16(aot::round_bf16(v[lane]) + __bfloat162float(*h));
-                *h = __float2bfloat16_rn(nv);
-                sq = nv * nv;
+            // Two tokens a pass: lanes 0-15 the rows of token 2q, lanes 16-31 those of token 2q + 1.
+            float old[kMaxTokens / 2];
+#pragma unroll
+            for (int q = 0; q < kMaxTokens / 2; ++q) {
+                const int token = 2 * q + (lane >> 4), r = lane & 15;
+                old[q] = token < p.m && r < rows
+                             ? __bfloat162float(p.residual[static_cast<int64_t>(token) * p.ld_res + n0 + r])
+                             : 0.0f;
             }
-            sq = aot::warp_sum(sq);
-            if (lane == 0) p.ssq_out[group * kMaxTokens + token] = sq;
+#pragma unroll
+            for (int q = 0; q < kMaxTokens / 2; ++q) {
+                const int token = 2 * q + (lane >> 4), r = lane & 15;
+                float sq = 0.0f;
+                if (token < p.m && r < rows) {
+                    const float nv = aot::round_bf16(aot::round_bf16(t[token][r]) + old[q]);
+                    p.residual[static_cast<int64_t>(token) * p.ld_res + n0 + r] = __float2bfloat16_rn(nv);
+                    sq = nv * nv;
+                }
+#pragma unroll
+                for (int off = 8; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+                if ((lane & 15) == 0 && token < p.m) p.ssq_out[tile * kMaxTokens + token] = sq;
+            }
             break;
         }
         case kSiluMul: {
-            const int half = p.group_rows / 2;
-            const int j = group * half + lane;
-            if (lane < half && j < p.pair_offset) {
-                const float gate = aot::round_bf16(v[lane]);
-                const float up = aot::round_bf16(v[half + lane]);
-                const float act = aot::round_bf16(silu(gate));
-                reinterpret_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(token) * p.ld_out + j] =
-                    __float2bfloat16_rn(act * up);
+            constexpr int half = kTileRows / 2;
+#pragma unroll
+            for (int q = 0; q < kMaxTokens * half / 32; ++q) {
+                const int idx = lane + 32 * q;
+                const int token = idx / half, j = idx % half;
+                const int col = tile * half + j;
+                if (token < p.m && col < p.pair_offset) {
+                    const float gate = aot::round_bf16(t[token][j]);
+                    const float up = aot::round_bf16(t[token][half + j]);
+                    const float act = aot::round_bf16(silu(gate));
+                    reinterpret_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(token) * p.ld_out + col] =
+                        __float2bfloat16_rn(act * up);
+                }
             }
             break;
         }
-        case kQkvRope:
-            qkv_head(p, group, token, v);
-            break;
         default:
             __trap();
     }
 }
 
-// The sum over splits 0, 1, ... (in that order) of one output's partials. Up to eight loads are in
-// flight together: the sum is a chain, the loads are not.
-__device__ __forceinline__ float split_sum(const GemvParams& p, int token, int row) {
-    const float* src = p.ws + static_cast<int64_t>(token) * p.n + row;
-    const int64_t stride = static_cast<int64_t>(p.m) * p.n;
-    float sum = 0.0f;
-    for (int sp = 0; sp < p.splits; sp += 8) {
-        float x[8];
+// acc += the tile's rows (g, g + 8) times x over chunks [c_begin, c_end) of 32 elements.
+template <bool kNormX>
+__device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bfloat16* wlo, const __nv_bfloat16* whi,
+                                              const __nv_bfloat16* xrow, bool has_token, int c_begin, int c_end,
+                                              float (&acc)[4]) {
+    const int t = (threadIdx.x & 31) & 3;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int c0 = c_begin; c0 < c_end; c0 += kUnroll) {
+        uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = sp + j < p.splits ? __ldcg(src + (sp + j) * stride) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (sp + j < p.splits) sum += x[j];
+        for (int j = 0; j < kUnroll; ++j) {
+            const int kk = (c0 + j) * 32 + t * 8;
+            const bool ok = c0 + j < c_end && kk < p.k;
+            lo[j] = (ok && wlo) ? aot::ld_stream16(wlo + kk) : zero;
+            hi[j] = (ok && whi) ? aot::ld_stream16(whi + kk) : zero;
+            if (ok && has_token) {
+                xv[j] = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
+            } else {
+                xv[j] = zero;
+            }
         }
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) aot::mma_chunk32(acc, lo[j], hi[j], xv[j]);
     }
-    return sum;
 }
 
 template <bool kNormX>
@@ -237,23 +192,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int t = lane & 3;
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
 
-    // Before the previous kernel's results are needed: let the next kernel launch, and pull the
-    // first bytes of this warp's first unit of weights into L2 while the previous kernel drains.
     aot::pdl_launch_dependents();
-    if (p.prefetch_bytes > 0) {
-        const int u = blockIdx.x * kWarps + warp;
-        if (u < ((p.n + kTileRows - 1) / kTileRows) * p.splits) {
-            const int tile = u / p.splits;
-            const int k0 = (u - tile * p.splits) * p.k_per_split;
-            const int bytes = min((min(p.k, k0 + p.k_per_split) - k0) * 2, p.prefetch_bytes);
-            const __nv_bfloat16* row = weight_row(p, tile * kTileRows + (lane & 15));
-            if (row != nullptr) {
-                for (int off = (lane >> 4) * 128; off < bytes; off += 256) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(row + k0) + off));
-                }
-            }
-        }
-    }
     aot::pdl_wait();
 
     if (kNormX) {
@@ -297,93 +236,52 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     }
 
     const int tiles = (p.n + kTileRows - 1) / kTileRows;
-    const int units = tiles * p.splits;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    float* vals = s.vals[warp];
-    for (int u = blockIdx.x * kWarps + warp; u < units; u += gridDim.x * kWarps) {
-        const int tile = u / p.splits;
-        const int split = u - tile * p.splits;
-        const int vrow = tile * kTileRows + g;
-        const __nv_bfloat16* wlo = weight_row(p, vrow);
-        const __nv_bfloat16* whi = weight_row(p, vrow + 8);
-        const int k0 = split * p.k_per_split;
-        const int k1 = min(p.k, k0 + p.k_per_split);
-        const int chunks = (k1 - k0 + 31) / 32;
-        const bool has_token = g < p.m;
-        const __nv_bfloat16* xrow = kNormX ? x_smem + g * x_stride : p.x + static_cast<int64_t>(g) * p.ld_x;
+    const int chunks = (p.k + 31) / 32;
+    const bool has_token = g < p.m;
+    const __nv_bfloat16* xrow = kNormX ? x_smem + g * x_stride : p.x + static_cast<int64_t>(g) * p.ld_x;
+    float(*tl)[kTileRows] = s.tile[warp];
 
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int c0 = 0; c0 < chunks; c0 += kUnroll) {
-            uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll];
-#pragma unroll
-            for (int j = 0; j < kUnroll; ++j) {
-                const int kk = k0 + (c0 + j) * 32 + t * 8;
-                const bool ok = c0 + j < chunks && kk < k1;
-                lo[j] = (ok && wlo) ? aot::ld_stream16(wlo + kk) : zero;
-                hi[j] = (ok && whi) ? aot::ld_stream16(whi + kk) : zero;
-                if (ok && has_token) {
-                    xv[j] = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
-                } else {
-                    xv[j] = zero;
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kUnroll; ++j) aot::mma_chunk32(acc, lo[j], hi[j], xv[j]);
-        }
-        // acc: rows (g, g + 8) of the tile, tokens (2t, 2t + 1).
-        const int group = tile * kTileRows / p.group_rows;
-        if (p.splits == 1 && p.group_rows == kTileRows) {
-            float(*tl)[kTileRows] = s.tile[warp];
+    if (!p.narrow) {
+        for (int tile = blockIdx.x * kWarps + warp; tile < tiles; tile += gridDim.x * kWarps) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const int vrow = tile * kTileRows + g;
+            stream_chunks<kNormX>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, 0, chunks, acc);
+            // acc: rows (g, g + 8) of the tile, tokens (2t, 2t + 1).
             tl[2 * t][g] = acc[0];
             tl[2 * t + 1][g] = acc[1];
             tl[2 * t][g + 8] = acc[2];
             tl[2 * t + 1][g + 8] = acc[3];
             __syncwarp();
-            for (int token = 0; token < p.m; ++token) epilogue(p, group, token, tl[token]);
+            epilogue(p, tile, tl);
             __syncwarp();
-            continue;
         }
-        const int row_lo = tile * kTileRows + g;
+        return;
+    }
+
+    // Narrow: warp w takes chunks [w * per, (w + 1) * per) of the block's tile.
+    const int per = (chunks + kWarps - 1) / kWarps;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int vrow = tile * kTileRows + g;
+        stream_chunks<kNormX>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, warp * per,
+                              min(chunks, (warp + 1) * per), acc);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int token = 2 * t + (q & 1);
-            const int row = row_lo + (q >> 1) * 8;
-            if (token < p.m && row < p.n) p.ws[(static_cast<int64_t>(split) * p.m + token) * p.n + row] = acc[q];
-        }
-        __threadfence();
-        __syncwarp();
-        unsigned last = 0;
-        if (lane == 0) {
-            const int g0 = group * p.group_rows;
-            const int rows_in_group = min(p.group_rows, p.n - g0);
-            const unsigned arrivals = ((rows_in_group + kTileRows - 1) / kTileRows) * p.splits;
-            last = atomicAdd(&p.counters[group], 1u) == arrivals - 1;
-        }
-        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-        __threadfence();
-        const int g0 = group * p.group_rows;
-        const int rows_in_group = min(p.group_rows, p.n - g0);
-        if (p.group_rows == kTileRows) {
-            // Every (token, row) of the group at once, into the warp's tile.
-            float(*tl)[kTileRows] = s.tile[warp];
-            for (int idx = lane; idx < p.m * kTileRows; idx += 32) {
-                const int token = idx / kTileRows, r = idx - token * kTileRows;
-                tl[token][r] = r < rows_in_group ? split_sum(p, token, g0 + r) : 0.0f;
+        for (int q = 0; q < 4; ++q) s.red[warp][lane][q] = acc[q];
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 1; w < kWarps; ++w) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[q] += s.red[w][lane][q];
             }
+            tl[2 * t][g] = acc[0];
+            tl[2 * t + 1][g] = acc[1];
+            tl[2 * t][g + 8] = acc[2];
+            tl[2 * t + 1][g + 8] = acc[3];
             __syncwarp();
-            for (int token = 0; token < p.m; ++token) epilogue(p, group, token, tl[token]);
-            __syncwarp();
-        } else {
-            for (int token = 0; token < p.m; ++token) {
-                for (int r = lane; r < p.group_rows; r += 32) {
-                    vals[r] = r < rows_in_group ? split_sum(p, token, g0 + r) : 0.0f;
-                }
-                __syncwarp();
-                epilogue(p, group, token, vals);
-                __syncwarp();
-            }
+            epilogue(p, tile, tl);
         }
-        if (lane == 0) p.counters[group] = 0;
+        __syncthreads();
     }
 }
 

@@ -1,5 +1,8 @@
 //! Decode attention over the paged KV cache (module `attention`): one query token per sequence,
-//! GQA, split-KV with an in-kernel merge. See `kernels/attention/decode.cu`.
+//! GQA, split-KV with an in-kernel merge, and the step before it fused in: the new token's raw
+//! `[q | k | v]` projection goes in, its q/k heads are normed (q_norm, k_norm) and rotated (NeoX
+//! RoPE) in the kernel, and its key and value are written into the paged cache. See
+//! `kernels/attention/decode.cu`.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use half::bf16;
@@ -26,12 +29,15 @@ const WARPS: usize = 4;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct AttnDecodeParams {
-    q: u64,
+    qkv: u64,
+    q_norm: u64,
+    k_norm: u64,
+    cos_sin: u64,
     k_cache: u64,
     v_cache: u64,
     block_table: u64,
     slot_of_row: u64,
-    ctx_lens: u64,
+    positions: u64,
     out: u64,
     ws_ml: u64,
     ws_o: u64,
@@ -40,7 +46,11 @@ struct AttnDecodeParams {
     q_heads: i32,
     kv_heads: i32,
     ld_bt: i32,
+    ld_qkv: i32,
+    max_pos: i32,
     scale: f32,
+    eps: f32,
+    norm_offset: f32,
     pad: i32,
 }
 
@@ -73,26 +83,38 @@ pub struct AttnScratch<'a> {
     pub counters: DevMut<'a, u32>,
 }
 
-/// Shapes and cache views of one decode-attention launch.
+/// Shapes, inputs and cache views of one decode-attention launch.
 pub struct AttnDecode<'a> {
-    /// `[m][q_heads * head_dim]`.
-    pub q: DevRef<'a, bf16>,
-    pub k_cache: DevRef<'a, bf16>,
-    pub v_cache: DevRef<'a, bf16>,
+    /// `[m][ld_qkv]`: each row's new token, `[q heads | k heads | v heads]` as projected.
+    pub qkv: DevRef<'a, bf16>,
+    pub ld_qkv: usize,
+    pub q_norm: DevRef<'a, bf16>,
+    pub k_norm: DevRef<'a, bf16>,
+    pub eps: f32,
+    /// 0 for `w`, 1 for the zero-centred `(1 + w)` norms.
+    pub weight_offset: f32,
+    /// `[max_pos][head_dim]` fp32: cos half, sin half (`rotary::cos_sin_cache`).
+    pub cos_sin: DevRef<'a, f32>,
+    pub max_pos: usize,
+    /// The paged cache of this layer; the new token's key and value are written into it.
+    pub k_cache: DevMut<'a, bf16>,
+    pub v_cache: DevMut<'a, bf16>,
     pub block_table: DevRef<'a, i32>,
     pub ld_bt: usize,
     pub slot_of_row: DevRef<'a, i32>,
-    /// `[m]`: positions `0..ctx` of each row's sequence are in the cache.
-    pub ctx_lens: DevRef<'a, i32>,
+    /// `[m]`: the new token's position; the row attends to positions `0..=pos`.
+    pub positions: DevRef<'a, i32>,
     pub out: DevMut<'a, bf16>,
     pub m: usize,
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// Grid depth: at least `attn_splits(ctx).0` for every row (the kernel traps otherwise).
+    /// Grid depth: at least `attn_splits(pos + 1).0` for every row (the kernel traps otherwise).
     pub grid_splits: usize,
 }
 
+/// Runs the fused step. Positions and block ids live on the device: a position past the RoPE
+/// table or the block table, or a negative block id, makes the kernel trap.
 pub fn attention_decode(
     kernels: &LoadedKernels,
     a: AttnDecode<'_>,
@@ -127,10 +149,20 @@ pub fn attention_decode(
             a.grid_splits
         )));
     }
-    check_view(op, "q", a.q.len(), &[a.m, a.q_heads, d])?;
+    let qkv_width = (a.q_heads + 2 * a.kv_heads) * d;
+    if a.ld_qkv < qkv_width {
+        return Err(shape_err(format!(
+            "ld_qkv {} is below the [q | k | v] width {qkv_width}",
+            a.ld_qkv
+        )));
+    }
+    check_view(op, "qkv", a.qkv.len(), &[(a.m - 1) * a.ld_qkv + qkv_width])?;
+    check_view(op, "q_norm", a.q_norm.len(), &[d])?;
+    check_view(op, "k_norm", a.k_norm.len(), &[d])?;
+    check_view(op, "cos_sin", a.cos_sin.len(), &[a.max_pos, d])?;
     check_view(op, "out", a.out.len(), &[a.m, a.q_heads, d])?;
     check_view(op, "slot_of_row", a.slot_of_row.len(), &[a.m])?;
-    check_view(op, "ctx_lens", a.ctx_lens.len(), &[a.m])?;
+    check_view(op, "positions", a.positions.len(), &[a.m])?;
     if a.ld_bt == 0 || a.block_table.len() < a.ld_bt {
         return Err(shape_err(
             "block_table must hold at least one row of ld_bt entries".into(),
@@ -153,12 +185,15 @@ pub fn attention_decode(
     check_view(op, "ws_o", scratch.ws_o.len(), &[o])?;
     check_view(op, "counters", scratch.counters.len(), &[counters])?;
     let p = AttnDecodeParams {
-        q: a.q.addr(),
+        qkv: a.qkv.addr(),
+        q_norm: a.q_norm.addr(),
+        k_norm: a.k_norm.addr(),
+        cos_sin: a.cos_sin.addr(),
         k_cache: a.k_cache.addr(),
         v_cache: a.v_cache.addr(),
         block_table: a.block_table.addr(),
         slot_of_row: a.slot_of_row.addr(),
-        ctx_lens: a.ctx_lens.addr(),
+        positions: a.positions.addr(),
         out: a.out.addr(),
         ws_ml: scratch.ws_ml.addr(),
         ws_o: scratch.ws_o.addr(),
@@ -167,7 +202,11 @@ pub fn attention_decode(
         q_heads: a.q_heads as i32,
         kv_heads: a.kv_heads as i32,
         ld_bt: to_i32(op, "ld_bt", a.ld_bt)?,
+        ld_qkv: to_i32(op, "ld_qkv", a.ld_qkv)?,
+        max_pos: to_i32(op, "max_pos", a.max_pos)?,
         scale: 1.0 / (d as f32).sqrt(),
+        eps: a.eps,
+        norm_offset: a.weight_offset,
         pad: 0,
     };
     let floats = MAX_GROUP * (d + 8) + WARPS * BLOCK_TOKENS * MAX_GROUP + WARPS * MAX_GROUP * d;
@@ -219,6 +258,44 @@ pub fn attention_decode_reference(
                 .sum();
             out.push(bf16::from_f64(acc / total));
         }
+    }
+    out
+}
+
+/// Shapes of the q/k prologue reference.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub weight_offset: f32,
+}
+
+/// One head through RMSNorm (with `norm`) and NeoX RoPE (from the fp32 table row `cs`), or, for v
+/// heads (`norm` None), only rounded. Returns the bf16 head.
+pub fn qkv_head_reference(y: &[f64], norm: Option<&[bf16]>, cs: &[f32], s: &QkvShape) -> Vec<bf16> {
+    let d = s.head_dim;
+    let half = d / 2;
+    let v: Vec<f32> = y.iter().map(|&x| bf16::from_f64(x).to_f32()).collect();
+    let Some(w) = norm else {
+        return v.iter().map(|&x| bf16::from_f32(x)).collect();
+    };
+    let ss: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let scale = 1.0 / (ss / d as f64 + f64::from(s.eps)).sqrt();
+    let n: Vec<f64> = v
+        .iter()
+        .zip(w)
+        .map(|(&x, &wv)| {
+            let normed = bf16::from_f64(f64::from(x) * scale).to_f32();
+            f64::from(bf16::from_f32((wv.to_f32() + s.weight_offset) * normed).to_f32())
+        })
+        .collect();
+    let mut out = vec![bf16::ZERO; d];
+    for i in 0..half {
+        let (c, sn) = (f64::from(cs[i]), f64::from(cs[i + half]));
+        out[i] = bf16::from_f64(n[i] * c - n[i + half] * sn);
+        out[i + half] = bf16::from_f64(n[i + half] * c + n[i] * sn);
     }
     out
 }

@@ -6,8 +6,8 @@
 //! request. Per layer a decode pass is five launches:
 //!
 //! ```text
-//! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v] -> q/k norm, RoPE; k, v into the paged cache
-//! attn     attention  split-KV over each row's cache blocks
+//! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v]
+//! attn     attention  q/k norm, RoPE, k and v into the paged cache; split-KV over each row's blocks
 //! o_proj   gemv       h += o
 //! gate_up  gemv_norm  x = rmsnorm(h) -> silu(gate) * up
 //! down     gemv       h += down
@@ -31,10 +31,7 @@ use aot_kernels::ops::attention::{
     attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
 };
 use aot_kernels::ops::embedding::embedding;
-use aot_kernels::ops::gemv::{
-    gemv, gemv_scratch_needs, residual_groups, GemvInput, GemvOutput, GemvScratch, QkvRope,
-    MAX_TOKENS,
-};
+use aot_kernels::ops::gemv::{gemv, residual_groups, GemvInput, GemvOutput, MAX_TOKENS};
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::sampling::{
     sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
@@ -91,7 +88,6 @@ struct PassBuffers {
     tokens: CudaSlice<i32>,
     positions: CudaSlice<i32>,
     slots: CudaSlice<i32>,
-    ctx: CudaSlice<i32>,
     temperature: CudaSlice<f32>,
     top_k: CudaSlice<u32>,
     top_p: CudaSlice<f32>,
@@ -100,12 +96,10 @@ struct PassBuffers {
     sampled: CudaSlice<i32>,
     h: CudaSlice<bf16>,
     ssq: CudaSlice<f32>,
-    q: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
     attn: CudaSlice<bf16>,
     act: CudaSlice<bf16>,
     logits: CudaSlice<f32>,
-    gemv_ws: CudaSlice<f32>,
-    gemv_counters: CudaSlice<u32>,
     attn_ml: CudaSlice<f32>,
     attn_o: CudaSlice<f32>,
     attn_counters: CudaSlice<u32>,
@@ -170,20 +164,6 @@ impl GpuRunner {
             cfg.vocab_size,
             cfg.head_dim,
         );
-        let sm = k.sm_count();
-        let mut ws = 0;
-        let mut counters = 0;
-        for (n, kk) in [
-            (cfg.qkv_dim(), h),
-            (h, cfg.q_dim()),
-            (2 * i, h),
-            (h, i),
-            (v, h),
-        ] {
-            let (a, c) = gemv_scratch_needs(n, kk, sm);
-            ws = ws.max(a);
-            counters = counters.max(c);
-        }
         let (ml, o, ac) = attn_scratch_needs(
             MAX_TOKENS,
             cfg.num_attention_heads,
@@ -194,7 +174,6 @@ impl GpuRunner {
             tokens: zeros_i32(MAX_TOKENS, "tokens")?,
             positions: zeros_i32(MAX_TOKENS, "positions")?,
             slots: zeros_i32(MAX_TOKENS, "slots")?,
-            ctx: zeros_i32(MAX_TOKENS, "context lengths")?,
             temperature: zeros_f32(MAX_TOKENS, "sampling parameters")?,
             top_k: s
                 .alloc_zeros::<u32>(MAX_TOKENS)
@@ -209,12 +188,10 @@ impl GpuRunner {
             sampled: zeros_i32(MAX_TOKENS, "sampled tokens")?,
             h: zeros_bf16(MAX_TOKENS * h, "hidden")?,
             ssq: zeros_f32(residual_groups(h) * MAX_TOKENS, "sums of squares")?,
-            q: zeros_bf16(MAX_TOKENS * cfg.q_dim(), "q")?,
+            qkv: zeros_bf16(MAX_TOKENS * cfg.qkv_dim(), "qkv")?,
             attn: zeros_bf16(MAX_TOKENS * cfg.q_dim(), "attention out")?,
             act: zeros_bf16(MAX_TOKENS * i, "mlp activations")?,
             logits: zeros_f32(MAX_TOKENS * v, "logits")?,
-            gemv_ws: zeros_f32(ws, "gemv workspace")?,
-            gemv_counters: zeros_u32(counters, "gemv counters")?,
             attn_ml: zeros_f32(ml, "attention workspace")?,
             attn_o: zeros_f32(o, "attention workspace")?,
             attn_counters: zeros_u32(ac, "attention counters")?,
@@ -332,10 +309,6 @@ impl GpuRunner {
         )?;
         let mut ssq_groups = 1;
         for (l, lw) in self.w.layers.iter().enumerate() {
-            let mut scratch = GemvScratch {
-                ws: dev_mut(k, &mut b.gemv_ws),
-                counters: dev_mut(k, &mut b.gemv_counters),
-            };
             gemv(
                 k,
                 dev(k, &lw.qkv),
@@ -351,9 +324,16 @@ impl GpuRunner {
                     eps,
                     weight_offset: 0.0,
                 },
-                GemvOutput::QkvRope(QkvRope {
-                    q_out: dev_mut(k, &mut b.q),
-                    ld_q: c.q_dim(),
+                GemvOutput::Bf16 {
+                    out: dev_mut(k, &mut b.qkv),
+                    ld_out: c.qkv_dim(),
+                },
+            )?;
+            attention_decode(
+                k,
+                AttnDecode {
+                    qkv: dev(k, &b.qkv),
+                    ld_qkv: c.qkv_dim(),
                     q_norm: dev(k, &lw.q_norm),
                     k_norm: dev(k, &lw.k_norm),
                     eps,
@@ -366,22 +346,6 @@ impl GpuRunner {
                     ld_bt: self.ld_bt,
                     slot_of_row: dev(k, &b.slots),
                     positions: dev(k, &b.positions),
-                    q_heads: c.num_attention_heads,
-                    kv_heads: c.num_key_value_heads,
-                    head_dim: c.head_dim,
-                }),
-                &mut scratch,
-            )?;
-            attention_decode(
-                k,
-                AttnDecode {
-                    q: dev(k, &b.q),
-                    k_cache: dev(k, &self.k_cache[l]),
-                    v_cache: dev(k, &self.v_cache[l]),
-                    block_table: dev(k, &self.block_table),
-                    ld_bt: self.ld_bt,
-                    slot_of_row: dev(k, &b.slots),
-                    ctx_lens: dev(k, &b.ctx),
                     out: dev_mut(k, &mut b.attn),
                     m,
                     q_heads: c.num_attention_heads,
@@ -410,7 +374,6 @@ impl GpuRunner {
                     ld_h: h,
                     ssq_out: dev_mut(k, &mut b.ssq),
                 },
-                &mut scratch,
             )?;
             ssq_groups = residual_groups(h);
             gemv(
@@ -433,7 +396,6 @@ impl GpuRunner {
                     ld_out: i,
                     intermediate: i,
                 },
-                &mut scratch,
             )?;
             gemv(
                 k,
@@ -450,13 +412,8 @@ impl GpuRunner {
                     ld_h: h,
                     ssq_out: dev_mut(k, &mut b.ssq),
                 },
-                &mut scratch,
             )?;
         }
-        let mut scratch = GemvScratch {
-            ws: dev_mut(k, &mut b.gemv_ws),
-            counters: dev_mut(k, &mut b.gemv_counters),
-        };
         gemv(
             k,
             dev(k, self.w.lm_head()),
@@ -476,7 +433,6 @@ impl GpuRunner {
                 out: dev_mut(k, &mut b.logits),
                 ld_out: v,
             },
-            &mut scratch,
         )?;
         sample_tokens(
             k,
@@ -529,11 +485,6 @@ impl GpuRunner {
             rows.iter().map(|r| r.slot as i32).collect(),
             &mut self.b.slots,
             "slots",
-        )?;
-        up(
-            rows.iter().map(|r| r.pos as i32 + 1).collect(),
-            &mut self.b.ctx,
-            "context lengths",
         )?;
         // Rows that sample nothing take the cheap greedy path; their token is ignored.
         let params: Vec<SamplingParams> = rows

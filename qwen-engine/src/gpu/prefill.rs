@@ -18,7 +18,7 @@ use aot_kernels::ops::activation::silu_and_mul;
 use aot_kernels::ops::attention_prefill::{attention_prefill, AttentionPrefillParams};
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gemm::{gemm_bf16, GemmShape};
-use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvScratch};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
 use aot_kernels::ops::kv_cache::BlockTable;
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
@@ -235,10 +235,6 @@ impl GpuRunner {
         up(s.memcpy_htod(&[sample.counter], &mut b.counter.slice_mut(0..1)))?;
         let k = &self.k;
         let x = dev(k, &self.pf.x).skip(row * h).map_err(ops_err)?;
-        let mut scratch = GemvScratch {
-            ws: dev_mut(k, &mut b.gemv_ws),
-            counters: dev_mut(k, &mut b.gemv_counters),
-        };
         gemv(
             k,
             dev(k, self.w.lm_head()),
@@ -250,7 +246,6 @@ impl GpuRunner {
                 out: dev_mut(k, &mut b.logits),
                 ld_out: v,
             },
-            &mut scratch,
         )
         .map_err(ops_err)?;
         sample_tokens(
