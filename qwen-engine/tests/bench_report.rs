@@ -1,8 +1,10 @@
 //! The bench's evidence bundle without a GPU: the stored sample (made-up numbers, marked
 //! `"sample": true`) validates; its table, chart and peer columns say what its numbers say; a
-//! bundle is written once; broken bundles are refused naming the cell and field.
+//! bundle is written once; broken bundles are refused naming the cell and field; and
+//! `qwen-decode bench-report` exits accordingly.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use aot_kernels::dispatch::Policy;
 use qwen_engine::bench::chart::{policy_color, LIMIT, PEER_EAGER, PEER_STATIC};
@@ -488,4 +490,104 @@ fn quantiles_digests_times_and_slugs() {
         "nvidia-gh200-480gb-mig-1g-10gb"
     );
     assert_eq!(slug("Qwen/Qwen3-4B"), "qwen-qwen3-4b");
+}
+
+// ---- the CLI ----
+
+fn qwen_decode(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qwen-decode"))
+        .args(args)
+        .output()
+        .expect("qwen-decode runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_json(dir: &Path, name: &str, v: &Value) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn bench_report_validates_renders_and_exits_by_what_it_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("chart.svg");
+    let out = qwen_decode(&[
+        "bench-report",
+        SAMPLE,
+        "--markdown",
+        "--chart",
+        svg.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("valid aot-kernels-bench/1 bundle (a SAMPLE: made-up numbers)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(&sample().markdown_table()), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&svg).unwrap(),
+        sample().chart_svg().unwrap()
+    );
+
+    // The chart file exists now: not written over.
+    std::fs::write(&svg, "keep me").unwrap();
+    let out = qwen_decode(&["bench-report", SAMPLE, "--chart", svg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("exists: give --chart a new file"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&svg).unwrap(), "keep me");
+
+    // Invalid: exit 1 with the reason.
+    let mut v = sample_value();
+    v["cells"][3]["limit_share"] = json!(0.5);
+    let bad = write_json(tmp.path(), "bad.json", &v);
+    let out = qwen_decode(&["bench-report", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("invalid bundle (1 problem)")
+            && err.contains("cells[3] (i1024 c4 auto): `limit_share`"),
+        "{err}"
+    );
+
+    // Valid, but the ids disagree between policies: exit 4.
+    let mut v = sample_value();
+    v["cells"][6]["digest"] = json!(ids_digest(&[vec![1]]));
+    let wrong = write_json(tmp.path(), "wrong.json", &v);
+    let out = qwen_decode(&["bench-report", wrong.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr)
+        .contains("correctness failure: i16 c1: the auto and ptx-only digests differ"));
+
+    // A peers file on its own.
+    let peers = write_json(tmp.path(), "peers.json", &sample_value()["peers"]);
+    let out = qwen_decode(&["bench-report", peers.to_str().unwrap(), "--markdown"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("valid peers (12 cells)"));
+    assert!(text(&out.stdout).contains("| i1024 c8 | static-compiled | 876.2 |"));
+
+    // Not there, not JSON.
+    let out = qwen_decode(&[
+        "bench-report",
+        tmp.path().join("none.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot read"));
+    let junk = tmp.path().join("junk.json");
+    std::fs::write(&junk, "[1, 2").unwrap();
+    let out = qwen_decode(&["bench-report", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not valid JSON"),
+        "{}",
+        text(&out.stderr)
+    );
 }
