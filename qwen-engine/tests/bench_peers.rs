@@ -97,6 +97,7 @@ fn the_peers_script_self_test_runs_the_tiny_model_on_the_cpu() {
         "--json-out holds what stdout printed"
     );
     assert_eq!(peers.source, "scripts/bench/peers.py");
+    assert_eq!(peers.extra["complete"], true);
     assert_eq!(
         peers.vllm.status,
         "not installable on the GPU machine (no network)"

@@ -573,6 +573,18 @@ fn bench_report_validates_renders_and_exits_by_what_it_found() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("valid peers (12 cells)"));
     assert!(text(&out.stdout).contains("| i1024 c8 | static-compiled | 876.2 |"));
+    assert!(!text(&out.stdout).contains("INCOMPLETE"));
+    // One the script cut short says so.
+    let mut partial = sample_value()["peers"].clone();
+    partial["complete"] = json!(false);
+    let partial = write_json(tmp.path(), "partial.json", &partial);
+    let out = qwen_decode(&["bench-report", partial.to_str().unwrap(), "--markdown"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("INCOMPLETE run"),
+        "{}",
+        text(&out.stdout)
+    );
 
     // Not there, not JSON.
     let out = qwen_decode(&[

@@ -15,12 +15,13 @@ Each cell runs its prefill and `--warmup-steps` decode steps untimed (compilatio
 recording happen there), then times `--new-tokens` decode steps with CUDA events, one per step, so
 the per-step times give the TPOT median and p90 (same quantile definition as `qwen-decode bench`).
 Every request of a cell has its own random prompt of the cell's length: no padding, no early stop.
-Then torch's bf16 matmul (8192^3, median of 10 timed after 3 untimed).
+Before the cells: torch's bf16 matmul (8192^3, median of 10 timed after 3 untimed). Eager runs
+first, every cell, then static-compiled.
 
     python3 scripts/bench/peers.py --json-out peers.json        # the full matrix on the GPU
     python3 scripts/bench/peers.py --quick                       # smoke run: 16x1 and 1024x8, 8 tokens
     python3 scripts/bench/peers.py --device cpu --tiny --dtype float32 --require-match \
-        --cells 16x4 --new-tokens 4 --compile-backend aot_eager  # self-test without a GPU, ~10 s
+        --cells 16x4 --new-tokens 4 --compile-backend aot_eager  # self-test without a GPU, 10-20 s
 
 Where the time goes on the GPU: eager is bound by Python (tens of ms a step: about 5 s a cell);
 the compiled implementation pays inductor's compile of the 36-layer step three times with the
@@ -29,6 +30,8 @@ likely 30-90 s, and a CUDA-graph recording per cell. `--dynamic true` compiles t
 The stderr log and the JSON's `timings` and `cells[].untimed_s` say what each part took.
 
 Prints one JSON object (the `peers` part of the bench bundle) on stdout; progress goes to stderr.
+`--json-out FILE` is rewritten after every cell (`"complete": false` until the end), so a run cut
+short keeps the cells it finished.
 """
 
 import argparse
@@ -371,6 +374,13 @@ def parse_args(argv):
     return args
 
 
+def write_atomically(path, text):
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import_torch()
@@ -382,6 +392,12 @@ def main(argv=None):
     timings = {}
     t_all = time.perf_counter()
 
+    # The matmul first: seconds, and then every later line of the JSON has it.
+    t = time.perf_counter()
+    tflops, mm_ms = matmul_tflops(device, dtype, args.matmul_n, args.matmul_runs)
+    timings["matmul_s"] = time.perf_counter() - t
+    log(f"matmul {args.matmul_n}^3 {args.dtype}: {tflops:.1f} TFLOP/s (median of {args.matmul_runs})")
+
     t = time.perf_counter()
     config = make_config(model_name)
     model = build_model(config, dtype, device, args.seed)
@@ -392,7 +408,35 @@ def main(argv=None):
     compiled = CompiledDecode(model, args.compile_backend, args.dynamic)
 
     results = []
+
+    def report(complete):
+        return {
+            "source": "scripts/bench/peers.py",
+            "script_version": SCRIPT_VERSION,
+            # false while cells are still running: --json-out is rewritten after every cell, so a
+            # run cut short leaves the cells it finished.
+            "complete": complete,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "triton": _version_of("triton"),
+            "python": platform.python_version(),
+            "device": device_name(device),
+            "model": model_name,
+            "dtype": args.dtype,
+            "attn_implementation": model.config._attn_implementation,
+            "seed": args.seed,
+            "new_tokens": args.new_tokens,
+            "warmup_steps": args.warmup_steps,
+            "compile": compiled.describe() if "static-compiled" in args.implementations else None,
+            "cells": results,
+            "torch_matmul_tflops": tflops,
+            "matmul": {"n": args.matmul_n, "dtype": args.dtype, "runs_ms": mm_ms},
+            "timings": timings,
+            "vllm": {"status": VLLM_STATUS, "published": []},
+        }
+
     first_ids = {}
+    # Eager first: it is quick, and its cells are kept if the compiled run is cut short.
     for impl in args.implementations:
         t = time.perf_counter()
         for length, concurrency in args.cells:
@@ -427,40 +471,15 @@ def main(argv=None):
                 f"(timed {total_s:.2f} s; prefill + warm-up {untimed_s:.1f} s)"
                 + ("" if "matches_eager" not in cell else f"; ids equal eager's: {cell['matches_eager']}")
             )
+            if args.json_out:
+                write_atomically(args.json_out, json.dumps(report(False), indent=1) + "\n")
         timings[f"{impl}_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    tflops, mm_ms = matmul_tflops(device, dtype, args.matmul_n, args.matmul_runs)
-    timings["matmul_s"] = time.perf_counter() - t
-    log(f"matmul {args.matmul_n}^3 {args.dtype}: {tflops:.1f} TFLOP/s (median of {args.matmul_runs})")
     timings["total_s"] = time.perf_counter() - t_all
 
-    report = {
-        "source": "scripts/bench/peers.py",
-        "script_version": SCRIPT_VERSION,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "triton": _version_of("triton"),
-        "python": platform.python_version(),
-        "device": device_name(device),
-        "model": model_name,
-        "dtype": args.dtype,
-        "attn_implementation": model.config._attn_implementation,
-        "seed": args.seed,
-        "new_tokens": args.new_tokens,
-        "warmup_steps": args.warmup_steps,
-        "compile": compiled.describe() if "static-compiled" in args.implementations else None,
-        "cells": results,
-        "torch_matmul_tflops": tflops,
-        "matmul": {"n": args.matmul_n, "dtype": args.dtype, "runs_ms": mm_ms},
-        "timings": timings,
-        "vllm": {"status": VLLM_STATUS, "published": []},
-    }
-    text = json.dumps(report, indent=1)
+    text = json.dumps(report(True), indent=1)
     print(text)
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            f.write(text + "\n")
+        write_atomically(args.json_out, text + "\n")
     log(f"done in {timings['total_s']:.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
     mismatched = [c for c in results if c.get("matches_eager") is False]

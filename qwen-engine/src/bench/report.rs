@@ -572,10 +572,7 @@ impl BenchReport {
             self.bandwidth.read_gbs,
             self.cells.first().map_or(0, |c| c.new_tokens),
             match &self.peers {
-                Some(p) => format!(
-                    "; peers: transformers {} (torch {})",
-                    p.transformers, p.torch
-                ),
+                Some(p) => format!("; peers: {}", p.summary()),
                 None => String::new(),
             }
         );
@@ -725,11 +722,33 @@ impl Peers {
             .map(|c| (c.decode_tok_s, c.implementation.as_str()))
     }
 
+    /// Whether the peers run finished: the script writes `"complete": false` into `--json-out`
+    /// until its last cell (a peers object without the key counts as complete).
+    pub fn is_complete(&self) -> bool {
+        self.extra.get("complete") != Some(&Value::Bool(false))
+    }
+
+    /// `transformers 5.17.0 (torch 2.11.0)`, and a warning for a run cut short.
+    pub fn summary(&self) -> String {
+        format!(
+            "transformers {} (torch {}){}",
+            self.transformers,
+            self.torch,
+            if self.is_complete() {
+                ""
+            } else {
+                ", INCOMPLETE run (cut short: cells missing)"
+            }
+        )
+    }
+
     /// The peers alone as a Markdown table (for checking a peers run before the bench).
     pub fn markdown_table(&self) -> String {
         let mut out = format!(
-            "transformers {} (torch {}) on {}; torch bf16 matmul {:.1} TFLOP/s\n\n",
-            self.transformers, self.torch, self.device, self.torch_matmul_tflops
+            "{} on {}; torch matmul {:.1} TFLOP/s\n\n",
+            self.summary(),
+            self.device,
+            self.torch_matmul_tflops
         );
         out.push_str("| cell | implementation | tok/s | TPOT median ms |\n|---|---|---:|---:|\n");
         let mut cells: Vec<&PeerCell> = self.cells.iter().collect();
