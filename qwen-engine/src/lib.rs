@@ -9,7 +9,9 @@
 //! - [`scheduler`]: request slots, admission and continuous batching: which sequences run each step.
 //! - [`runner`]: the interface a device implements; [`cpu`] (fp32 reference) and [`gpu`] (AOT kernels).
 //! - [`engine`]: scheduler + runner + streaming of tokens.
+//! - [`bench`]: the benchmark's evidence bundle (schema, checks, table, chart); no GPU needed.
 
+pub mod bench;
 pub mod config;
 pub mod cpu;
 pub mod engine;

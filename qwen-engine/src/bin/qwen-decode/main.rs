@@ -6,10 +6,15 @@
 //!   machine (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated]
 //!   --driver X.Y` shows the plan of any other device without a GPU.
 //!
-//! Exit status: 0 fine, 1 a failure (kernels: a module has no usable image or failed to load),
-//! 2 usage error, 3 no CUDA device here (kernels; use --simulate).
+//! - `qwen-decode bench-report FILE.json [--markdown] [--chart OUT.svg]` checks a stored bench
+//!   bundle (or a peers file) and renders its matrix table and chart; no GPU needed.
+//!
+//! Exit status: 0 fine, 1 a failure (kernels: a module has no usable image or failed to load;
+//! bench-report: an unreadable or invalid bundle), 2 usage error, 3 no CUDA device here (kernels;
+//! use --simulate), 4 a valid bundle that records a correctness failure (bench-report).
 
 mod bench;
+mod bench_report;
 mod run;
 
 use std::fmt::Write as _;
@@ -39,6 +44,8 @@ enum Command {
     Run(run::RunArgs),
     /// Benchmark decode on the GPU: inputs x concurrency, against the measured bandwidth limit.
     Bench(bench::BenchArgs),
+    /// Check a stored bench bundle (or peers file) and print its matrix table / write its chart.
+    BenchReport(bench_report::BenchReportArgs),
     /// Show the embedded kernel registry and the dispatch plan (this machine's, or a simulated device's).
     Kernels(KernelsArgs),
 }
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
         Command::Kernels(args) => kernels(args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
+        Command::BenchReport(args) => bench_report::bench_report(args),
     }
 }
 
