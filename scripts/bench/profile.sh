@@ -25,12 +25,13 @@ mkdir -p "$out"
 ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --log-file "$out/ncu.csv" \
     "$bin" bench --model qwen3-4b --inputs "$input" --concurrency "$conc" --new-tokens "$steps" \
-    --warmup 4 --profile-window --primer 256 --kv-budget 4GiB --bandwidth-bytes 1GiB --out "$out/bench.json" \
+    --warmup 4 --profile-window --primer 256 --kv-budget 4GiB --bandwidth-bytes 1GiB --out "$out" \
     >"$out/bench.log" 2>&1
-python3 - "$out/ncu.csv" "$steps" "$out/bench.json" <<'PY'
-import csv, json, sys, collections, statistics
+python3 - "$out/ncu.csv" "$steps" "$out" <<'PY'
+import csv, glob, json, sys, collections, statistics
 path, steps = sys.argv[1], int(sys.argv[2])
-bench = json.load(open(sys.argv[3]))
+bundles = sorted(glob.glob(sys.argv[3] + "/*/bench.json"))
+bench = json.load(open(bundles[-1])) if bundles else {}
 rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"')) ]
 head, data = rows[0], rows[1:]
 ki, mi, vi, ui = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value"), head.index("Metric Unit")
@@ -42,7 +43,7 @@ for r in data:
         continue
     seen.add(r[ids])
     v = float(r[vi].replace(",", ""))
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[ui], 1.0)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r[ui]]
     per.setdefault(r[ki].split("(")[0], []).append(v * scale)
 n = len(seen)
 print(f"captured kernels: {n}; timed steps: {steps}; kernels per step: {n / steps:g}")

@@ -19,13 +19,15 @@ use aot_kernels::ops::bench::{stream_read, stream_read_blocks};
 use aot_kernels::ops::random::random_bits;
 use aot_kernels::ops::sampling::SamplingParams;
 use aot_kernels::ops::{dev, dev_mut};
+use qwen_engine::bench::report::{
+    now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,
+    ModelInfo, Peers, Prefill,
+};
 use qwen_engine::config::Qwen3Config;
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
 use qwen_engine::scheduler::{Event, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
-use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::run::parse_bytes;
 
@@ -66,58 +68,44 @@ pub struct BenchArgs {
     /// Peer results (JSON from scripts/bench/peers.py) to put beside ours.
     #[arg(long)]
     peers: Option<PathBuf>,
-    /// Write the JSON here (the evidence bundle).
+    /// Where the evidence bundle goes: a new folder `<UTC time>-<device>-<model>/` under this one
+    /// (written once, never overwritten).
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Also print the bundle's JSON to stdout.
     #[arg(long)]
-    out: Option<PathBuf>,
+    json: bool,
+    /// The source commit, recorded in the bundle.
+    #[arg(long)]
+    git_commit: Option<String>,
     #[arg(long, default_value_t = 0)]
     weights_seed: u64,
 }
 
-/// One measured cell.
-#[derive(Debug, Clone, Serialize)]
-pub struct Cell {
-    pub input: usize,
-    pub concurrency: usize,
-    pub policy: Policy,
-    pub new_tokens: usize,
-    pub decode_tok_s: f64,
-    pub per_request_tok_s: f64,
-    pub tpot_ms_median: f64,
-    pub tpot_ms_p90: f64,
-    pub prefill_ms: f64,
-    pub prefill_tflops: f64,
-    pub bytes_per_step: f64,
-    pub limit_tok_s: f64,
-    pub limit_share: f64,
-    pub digest: String,
-    pub first_matches_single: bool,
-    pub graph_replays: usize,
-    pub eager_passes: usize,
-}
-
-fn nvidia_smi_clocks() -> Option<serde_json::Value> {
+/// GPU clocks, temperature and power as nvidia-smi reports them now.
+fn nvidia_smi_clocks() -> Result<Clocks, String> {
     let out = std::process::Command::new("nvidia-smi")
-        .args([
-            "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
-            "--format=csv,noheader,nounits",
-        ])
+        .args(["--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw", "--format=csv,noheader,nounits"])
         .output()
-        .ok()?;
+        .map_err(|e| format!("nvidia-smi: {e} (the bundle records the GPU clocks; run where nvidia-smi is on PATH)"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let f: Vec<&str> = text.lines().next()?.split(',').map(str::trim).collect();
-    Some(
-        serde_json::json!({"sm_mhz": f.first()?.parse::<f64>().ok(), "mem_mhz": f.get(1)?.parse::<f64>().ok(),
-        "temperature_c": f.get(2).and_then(|v| v.parse::<f64>().ok()), "power_w": f.get(3).and_then(|v| v.parse::<f64>().ok())}),
-    )
-}
-
-fn median_and_p90(mut v: Vec<f64>) -> (f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0);
+    let f: Vec<&str> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (num(0), num(1)) {
+        (Some(sm_mhz), Some(mem_mhz)) => Ok(Clocks {
+            sm_mhz,
+            mem_mhz,
+            temperature_c: num(2),
+            power_w: num(3),
+        }),
+        _ => Err(format!("nvidia-smi printed no clocks: `{}`", text.trim())),
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (at(0.5), at(0.9))
 }
 
 /// Read bandwidth of our streaming kernel: the median of `runs` reads of `bytes`.
@@ -170,24 +158,14 @@ fn measure_bandwidth(
             gbs.push((words * 4) as f64 / (f64::from(ms) * 1e-3) / 1e9);
         }
     }
-    Ok((median_and_p90(gbs.clone()).0, gbs))
+    let median = qwen_engine::bench::report::median_and_p90(&gbs).map_or(0.0, |m| m.0);
+    Ok((median, gbs))
 }
 
 fn prompt(input: usize, vocab: usize, seed: u64, request: u64) -> Vec<u32> {
     (0..input as u64)
         .map(|i| (random_bits(seed, request, i) % vocab as u64) as u32)
         .collect()
-}
-
-fn digest(ids: &[Vec<u32>]) -> String {
-    let mut h = Sha256::new();
-    for r in ids {
-        h.update((r.len() as u64).to_le_bytes());
-        for t in r {
-            h.update(t.to_le_bytes());
-        }
-    }
-    fatbin_verify::sha256_hex(&h.finalize().into())
 }
 
 /// FLOPs of a prefill of `tokens` tokens (per sequence `per_seq`): the projections plus attention.
@@ -296,7 +274,7 @@ fn run_cell(
         stats_after[k]
             .as_u64()
             .unwrap_or(0)
-            .saturating_sub(stats_before[k].as_u64().unwrap_or(0)) as usize
+            .saturating_sub(stats_before[k].as_u64().unwrap_or(0))
     };
 
     // Bytes a timed step moves: every weight once, each request's cache up to its position, and
@@ -305,9 +283,6 @@ fn run_cell(
     let mean_ctx = (input + warmup + 1) as f64 + args.new_tokens as f64 / 2.0;
     let bytes_per_step =
         cfg.parameter_count() as f64 * 2.0 + concurrency as f64 * (mean_ctx + 1.0) * kvpt;
-    let limit = bandwidth_gbs * 1e9 / bytes_per_step * concurrency as f64;
-    let decode = (args.new_tokens * concurrency) as f64 / (window_ms * 1e-3);
-    let (med, p90) = median_and_p90(steps_ms);
 
     // Request 0 alone must give the same tokens.
     let first_matches_single = if concurrency == 1 {
@@ -333,25 +308,22 @@ fn run_cell(
             .map_err(|e| e.to_string())?;
         alone == generated[0]
     };
-    let cell = Cell {
+    let mut cell = Cell::from_timing(&CellTiming {
         input,
         concurrency,
         policy,
-        new_tokens: args.new_tokens,
-        decode_tok_s: decode,
-        per_request_tok_s: decode / concurrency as f64,
-        tpot_ms_median: med,
-        tpot_ms_p90: p90,
+        step_ms: &steps_ms,
+        window_ms,
         prefill_ms,
-        prefill_tflops: prefill_flops(cfg, input * concurrency, input) / (prefill_ms * 1e-3) / 1e12,
         bytes_per_step,
-        limit_tok_s: limit,
-        limit_share: decode / limit,
-        digest: digest(&generated),
+        read_gbs: bandwidth_gbs,
+        generated: &generated,
         first_matches_single,
-        graph_replays: delta("graph_replays"),
-        eager_passes: delta("eager_passes"),
-    };
+    });
+    cell.prefill_tflops =
+        Some(prefill_flops(cfg, input * concurrency, input) / (prefill_ms * 1e-3) / 1e12);
+    cell.graph_replays = Some(delta("graph_replays"));
+    cell.eager_passes = Some(delta("eager_passes"));
     Ok((cell, generated))
 }
 
@@ -372,11 +344,18 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
     let bw_bytes = parse_bytes(&args.bandwidth_bytes)?;
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
     let max_input = args.inputs.iter().copied().max().unwrap_or(16);
-    let clocks_before = nvidia_smi_clocks();
-    let mut cells = Vec::new();
-    let mut device = serde_json::Value::Null;
-    let mut bandwidth = serde_json::Value::Null;
-    let mut cold = serde_json::Map::new();
+    let peers = args
+        .peers
+        .as_deref()
+        .map(Peers::read)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let clocks_before = nvidia_smi_clocks()?;
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut device: Option<(String, String, String, u32, u64)> = None;
+    let mut bandwidth: Option<Bandwidth> = None;
+    let mut cold = std::collections::BTreeMap::new();
+    let mut dispatch = serde_json::Map::new();
     for &policy in &args.policy {
         let options = GpuOptions {
             policy,
@@ -396,22 +375,41 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
         let report = runner.kernels().report();
         cold.insert(
             policy.to_string(),
-            serde_json::json!({"load_ms": report.total_load_us() as f64 / 1e3, "jit": report.modules.iter().any(|m| m.jit)}),
+            ColdStart {
+                load_ms: report.total_load_us() as f64 / 1e3,
+                jit: report.modules.iter().any(|m| m.jit),
+            },
         );
-        if bandwidth.is_null() {
+        dispatch.insert(
+            policy.to_string(),
+            serde_json::to_value(report).map_err(|e| e.to_string())?,
+        );
+        if bandwidth.is_none() {
             let (gbs, runs) = measure_bandwidth(&runner, bw_bytes, 5)?;
             eprintln!(
                 "streaming read: {gbs:.0} GB/s (median of {} runs over {} bytes)",
                 runs.len(),
                 bw_bytes
             );
-            bandwidth = serde_json::json!({"read_gbs": gbs, "bytes": bw_bytes, "runs": runs});
-            device = serde_json::json!({
-                "name": report.device_name, "capability": report.device.capability.to_string(),
-                "driver": report.device.driver.to_string(), "sm_count": runner.kernels().sm_count(),
+            bandwidth = Some(Bandwidth {
+                read_gbs: gbs,
+                bytes: bw_bytes as u64,
+                runs,
             });
+            let memory = runner
+                .kernels()
+                .context()
+                .total_mem()
+                .map_err(|e| e.to_string())? as u64;
+            device = Some((
+                report.device_name.clone(),
+                report.device.capability.to_string(),
+                report.device.driver.to_string(),
+                runner.kernels().sm_count() as u32,
+                memory,
+            ));
         }
-        let read_gbs = bandwidth["read_gbs"].as_f64().unwrap_or(0.0);
+        let read_gbs = bandwidth.as_ref().map_or(0.0, |b| b.read_gbs);
         let timer = Timer {
             ctx: runner.kernels().context().clone(),
             stream: runner.kernels().stream().clone(),
@@ -435,49 +433,61 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
                 eprintln!(
                     "[{policy}] i{input:<5} c{c}: {:>8.1} tok/s ({:>6.1} per request), TPOT {:.3} ms median / {:.3} p90, {:.1}% of the {:.0} tok/s limit, prefill {:.1} ms ({:.0} TFLOP/s), single-request match {}",
                     cell.decode_tok_s, cell.per_request_tok_s, cell.tpot_ms_median, cell.tpot_ms_p90,
-                    100.0 * cell.limit_share, cell.limit_tok_s, cell.prefill_ms, cell.prefill_tflops, cell.first_matches_single
+                    100.0 * cell.limit_share, cell.limit_tok_s, cell.prefill_ms, cell.prefill_tflops.unwrap_or(0.0), cell.first_matches_single
                 );
                 cells.push(cell);
             }
         }
     }
-    // Digests must agree across policies.
-    for a in &cells {
-        for b in &cells {
-            if (a.input, a.concurrency) == (b.input, b.concurrency) && a.digest != b.digest {
-                return Err(format!(
-                    "i{} c{}: the {} and {} digests differ",
-                    a.input, a.concurrency, a.policy, b.policy
-                ));
-            }
-        }
-    }
-    let peers = match &args.peers {
-        Some(p) => serde_json::from_str::<serde_json::Value>(
-            &std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        )
-        .map_err(|e| format!("{}: {e}", p.display()))?,
-        None => serde_json::Value::Null,
+    let (name, capability, driver, sm_count, memory_bytes) = device.ok_or("no policy was run")?;
+    // The largest prefill of the matrix (8 x 1024 tokens by default) stands for prefill speed.
+    let prefill = cells
+        .iter()
+        .filter(|c| c.policy == args.policy[0])
+        .max_by_key(|c| c.input * c.concurrency)
+        .map(|c| Prefill {
+            tokens: (c.input * c.concurrency) as u64,
+            ms: c.prefill_ms,
+            tflops: c.prefill_tflops.unwrap_or(0.0),
+            torch_matmul_tflops: peers.as_ref().map(|p| p.torch_matmul_tflops),
+        });
+    let mut report = BenchReport {
+        schema: "aot-kernels-bench/1".into(),
+        sample: false,
+        created: now_utc(),
+        command: std::env::args().collect(),
+        device: DeviceInfo {
+            name,
+            capability,
+            driver,
+            sm_count,
+            memory_bytes,
+            clocks_before,
+            clocks_after: nvidia_smi_clocks()?,
+        },
+        build: BuildInfo::current(args.git_commit.clone()),
+        dispatch: serde_json::Value::Object(dispatch),
+        model: ModelInfo::from_config(&src.name, &cfg),
+        bandwidth: bandwidth.ok_or("no bandwidth was measured")?,
+        cells,
+        peers: None,
+        prefill,
+        cold_start: cold,
+        profile: None,
+        notes: None,
     };
-    let out = serde_json::json!({
-        "schema": "aot-kernels-bench/1",
-        "command": std::env::args().collect::<Vec<_>>(),
-        "device": device,
-        "clocks_before": clocks_before,
-        "clocks_after": nvidia_smi_clocks(),
-        "model": {"name": src.name, "parameters": cfg.parameter_count(), "weight_bytes": cfg.parameter_count() * 2,
-                  "kv_bytes_per_token": cfg.kv_bytes_per_token(), "layers": cfg.num_hidden_layers},
-        "bandwidth": bandwidth,
-        "cold_start": cold,
-        "cells": cells,
-        "peers": peers,
-    });
-    let text = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
-    match &args.out {
-        Some(path) => {
-            std::fs::write(path, &text).map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        None => println!("{text}"),
+    if let Some(p) = peers {
+        report.attach_peers(p);
+    }
+    println!("{}", report.markdown_table());
+    let failures = report.correctness_failures();
+    let dir = report.write_bundle(&args.out).map_err(|e| e.to_string())?;
+    eprintln!("bundle written: {}", dir.display());
+    if args.json {
+        println!("{}", report.to_json());
+    }
+    if !failures.is_empty() {
+        return Err(format!("correctness: {}", failures.join("; ")));
     }
     Ok(())
 }
