@@ -17,6 +17,8 @@
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
+#include <cuda/std/type_traits>
+
 // A named namespace: nvcc names anonymous-namespace symbols after a per-run unique id, which
 // would make the PTX (and the lock) differ between builds.
 namespace aot_attn_decode {
@@ -97,11 +99,46 @@ __device__ __forceinline__ Splits attn_splits(int ctx) {
     return Splits{(ctx + per - 1) / per, per};
 }
 
+// One 16-token cache block as a lane holds it: half a key row (the lane's token) and its slice of
+// every token's value row.
+template <int D>
+struct KvRegs {
+    static constexpr int kPerLane = D / 32;
+    using V = typename cuda::std::conditional<kPerLane == 8, uint4, typename cuda::std::conditional<kPerLane == 4, uint2, unsigned>::type>::type;
+    uint4 k[D / 16];
+    V v[kBlockTokens];
+};
+
+template <int D>
+__device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base, int n_tok, KvRegs<D>& r) {
+    constexpr int kPerLane = D / 32;
+    const int lane = threadIdx.x & 31;
+    const int tl = lane & 15;
+    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + tl) * D + (lane >> 4) * (D / 2));
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) r.k[c] = tl < n_tok ? krow[c] : make_uint4(0, 0, 0, 0);
+    const __nv_bfloat16* vbase = p.v_cache + base * D + lane * kPerLane;
+#pragma unroll
+    for (int q = 0; q < kBlockTokens; ++q) {
+        using V = typename KvRegs<D>::V;
+        r.v[q] = q < n_tok ? *reinterpret_cast<const V*>(vbase + q * D) : V{};
+    }
+}
+
+__device__ __forceinline__ void unpack_v(const uint4& v, float (&f)[8]) { aot::unpack8(v, f); }
+__device__ __forceinline__ void unpack_v(const uint2& v, float (&f)[4]) {
+    f[0] = aot::bf16_lo(v.x); f[1] = aot::bf16_hi(v.x); f[2] = aot::bf16_lo(v.y); f[3] = aot::bf16_hi(v.y);
+}
+__device__ __forceinline__ void unpack_v(const unsigned& v, float (&f)[2]) {
+    f[0] = aot::bf16_lo(v); f[1] = aot::bf16_hi(v);
+}
+
 template <int D>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQStride = D + 8;          // per head: [half 0 | pad 4 | half 1 | pad 4] in floats
     constexpr int kPerLane = D / 32;         // V dims per lane
+    constexpr bool kPrefetch = D <= 128;     // registers for a whole cache block up front
     extern __shared__ float smem[];
     float* q_s = smem;                                   // [G][kQStride]
     float* p_s = q_s + kMaxGroup * kQStride;             // [warps][16][G]
@@ -132,6 +169,19 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int* table = p.block_table + static_cast<int64_t>(slot) * p.ld_bt;
     const __nv_bfloat16* raw = p.qkv + static_cast<int64_t>(row) * p.ld_qkv;
     const int ld_q = p.q_heads * D;  // out rows
+
+    // This warp's first cache block, loaded before anything else so that its latency overlaps
+    // the query's preparation (keys and values need nothing this kernel computes, except the
+    // new token's, which is patched in below).
+    const int b0 = t_begin / kBlockTokens + warp;
+    KvRegs<D> pre;
+    int64_t pre_base = 0;
+    if (kPrefetch && b0 * kBlockTokens < t_end) {
+        const int blk = table[b0];
+        if (blk < 0) __trap();
+        pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
+        load_kv<D>(p, pre_base, min(kBlockTokens, t_end - b0 * kBlockTokens), pre);
+    }
 
     // Query heads of this KV head (warp w builds heads w, w + 4), normed, rotated and pre-scaled
     // so that scores are in base 2.
@@ -176,22 +226,44 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int tl = lane & 15;   // the token this lane scores
     const int part = lane >> 4; // which half of d it reads
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
-    for (int b = t_begin / kBlockTokens + warp; b * kBlockTokens < t_end; b += kWarps) {
-        const int blk = table[b];
-        if (blk < 0) __trap();
-        const int64_t base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
-        const int pos = b * kBlockTokens + tl;
-        const bool valid = pos < t_end;  // t_begin is block-aligned
+    for (int b = b0; b * kBlockTokens < t_end; b += kWarps) {
+        const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
+        KvRegs<D> cur;
+        int64_t base;
+        if (kPrefetch && b == b0) {
+            cur = pre;
+            base = pre_base;
+            // The new token's key and value were written after the prefetch: read them again.
+            if (b == pos / kBlockTokens) {
+                const int q = pos % kBlockTokens;
+                if (tl == q) {
+                    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + q) * D + part * kHalf);
+#pragma unroll
+                    for (int c = 0; c < D / 16; ++c) cur.k[c] = krow[c];
+                }
+                using V = typename KvRegs<D>::V;
+                const V fresh = *reinterpret_cast<const V*>(p.v_cache + (base + q) * D + lane * kPerLane);
+#pragma unroll
+                for (int t = 0; t < kBlockTokens; ++t) {
+                    if (t == q) cur.v[t] = fresh;  // constant indices keep the block in registers
+                }
+            }
+        } else {
+            const int blk = table[b];
+            if (blk < 0) __trap();
+            base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
+            load_kv<D>(p, base, n_tok, cur);
+        }
+        const bool valid = tl < n_tok;
 
         // Scores: each lane dots half a key with every query head; the two halves meet by shuffle.
         float sc[kMaxGroup];
 #pragma unroll
         for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.0f;
-        const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + tl) * D + part * kHalf);
-#pragma unroll 4
+#pragma unroll
         for (int c = 0; c < kHalf / 8; ++c) {
             float kf[8];
-            aot::unpack8(valid ? krow[c] : make_uint4(0, 0, 0, 0), kf);
+            aot::unpack8(cur.k[c], kf);
 #pragma unroll
             for (int h = 0; h < kMaxGroup; ++h) {
                 if (h < group) {
@@ -231,38 +303,18 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         }
         __syncwarp();
 
-        // o += p v: lane owns kPerLane consecutive dims of every query head. The values of eight
-        // tokens are loaded before any is used, so their loads are in flight together.
-        const __nv_bfloat16* vbase = p.v_cache + base * D + lane * kPerLane;
-        const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
+        // o += p v: lane owns kPerLane consecutive dims of every query head.
 #pragma unroll
-        for (int t0 = 0; t0 < kBlockTokens; t0 += 8) {
-            float vf[8][kPerLane];
+        for (int q = 0; q < kBlockTokens; ++q) {
+            if (q >= n_tok) break;
+            float vf[kPerLane];
+            unpack_v(cur.v[q], vf);
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
-                const __nv_bfloat16* vp = vbase + (t0 + q) * D;
-                const bool ok = t0 + q < n_tok;
-                if constexpr (kPerLane == 8) {
-                    aot::unpack8(ok ? *reinterpret_cast<const uint4*>(vp) : make_uint4(0, 0, 0, 0), vf[q]);
-                } else if constexpr (kPerLane == 4) {
-                    const uint2 rv = ok ? *reinterpret_cast<const uint2*>(vp) : make_uint2(0, 0);
-                    vf[q][0] = aot::bf16_lo(rv.x); vf[q][1] = aot::bf16_hi(rv.x);
-                    vf[q][2] = aot::bf16_lo(rv.y); vf[q][3] = aot::bf16_hi(rv.y);
-                } else {
-                    const unsigned rv = ok ? *reinterpret_cast<const unsigned*>(vp) : 0u;
-                    vf[q][0] = aot::bf16_lo(rv); vf[q][1] = aot::bf16_hi(rv);
-                }
-            }
+            for (int h = 0; h < kMaxGroup; ++h) {
+                if (h < group) {
+                    const float pr = my_p[q * kMaxGroup + h];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
-                if (t0 + q >= n_tok) break;
-#pragma unroll
-                for (int h = 0; h < kMaxGroup; ++h) {
-                    if (h < group) {
-                        const float pr = my_p[(t0 + q) * kMaxGroup + h];
-#pragma unroll
-                        for (int e = 0; e < kPerLane; ++e) o[h][e] += pr * vf[q][e];
-                    }
+                    for (int e = 0; e < kPerLane; ++e) o[h][e] += pr * vf[e];
                 }
             }
         }

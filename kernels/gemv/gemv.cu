@@ -56,8 +56,7 @@ struct GemvParams {
     float norm_offset;            // 0: w, 1: (1 + w)
     int epilogue;
     int pair_offset;              // > 0: the MLP width I; virtual rows pair gate and up rows
-    int narrow;                   // 1: a block per tile, its warps splitting K
-    int pad_[2];
+    int pad_[3];
 };
 
 struct Shared {
@@ -181,7 +180,7 @@ __device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bf
     }
 }
 
-template <bool kNormX>
+template <bool kNormX, bool kNarrow>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     extern __shared__ uint4 dyn_smem[];
     __shared__ Shared s;
@@ -241,7 +240,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const __nv_bfloat16* xrow = kNormX ? x_smem + g * x_stride : p.x + static_cast<int64_t>(g) * p.ld_x;
     float(*tl)[kTileRows] = s.tile[warp];
 
-    if (!p.narrow) {
+    if (!kNarrow) {
         for (int tile = blockIdx.x * kWarps + warp; tile < tiles; tile += gridDim.x * kWarps) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int vrow = tile * kTileRows + g;
@@ -289,8 +288,16 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 
 using namespace aot_gemv;
 
-// x read from global memory (o_proj, down_proj, or any plain GEMV).
-extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_bf16(const GemvParams p) { gemv_body<false>(p); }
+// x read from global memory; warps take whole tiles (wide) or a block splits one tile's K (narrow).
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_bf16(const GemvParams p) { gemv_body<false, false>(p); }
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_bf16(const GemvParams p) {
+    gemv_body<false, true>(p);
+}
 
 // x = RMSNorm(h) built in shared memory first (qkv, gate_up, lm_head).
-extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_bf16(const GemvParams p) { gemv_body<true>(p); }
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_bf16(const GemvParams p) {
+    gemv_body<true, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_bf16(const GemvParams p) {
+    gemv_body<true, true>(p);
+}

@@ -18,6 +18,8 @@ use crate::dispatch::LoadedKernels;
 pub const MODULE: &str = "gemv";
 pub const ENTRY_PLAIN: &str = "gemv_bf16";
 pub const ENTRY_NORM: &str = "gemv_norm_bf16";
+pub const ENTRY_NARROW_PLAIN: &str = "gemv_narrow_bf16";
+pub const ENTRY_NARROW_NORM: &str = "gemv_narrow_norm_bf16";
 
 /// Weight rows per tile (one mma tile) and per epilogue group.
 pub const TILE_ROWS: usize = 16;
@@ -50,8 +52,7 @@ struct GemvParams {
     norm_offset: f32,
     epilogue: i32,
     pair_offset: i32,
-    narrow: i32,
-    pad: [i32; 2],
+    pad: [i32; 3],
 }
 
 // SAFETY: plain `repr(C)` data of integers and floats, laid out as the kernel's struct.
@@ -257,7 +258,12 @@ pub fn gemv(
         }
     }
     let shape = gemv_shape(p.n as usize, kernels.sm_count());
-    p.narrow = i32::from(shape.narrow);
+    let entry = match (entry == ENTRY_NORM, shape.narrow) {
+        (false, false) => ENTRY_PLAIN,
+        (true, false) => ENTRY_NORM,
+        (false, true) => ENTRY_NARROW_PLAIN,
+        (true, true) => ENTRY_NARROW_NORM,
+    };
     let cfg = LaunchConfig {
         grid_dim: (to_i32(op, "blocks", shape.blocks)? as u32, 1, 1),
         block_dim: (THREADS, 1, 1),

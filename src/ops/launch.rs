@@ -19,6 +19,8 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::activation::MODULE, super::activation::ENTRY),
     (super::gemv::MODULE, super::gemv::ENTRY_PLAIN),
     (super::gemv::MODULE, super::gemv::ENTRY_NORM),
+    (super::gemv::MODULE, super::gemv::ENTRY_NARROW_PLAIN),
+    (super::gemv::MODULE, super::gemv::ENTRY_NARROW_NORM),
     (super::attention::MODULE, super::attention::ENTRY_D64),
     (super::attention::MODULE, super::attention::ENTRY_D128),
     (super::attention::MODULE, super::attention::ENTRY_D256),
