@@ -162,21 +162,25 @@ __device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bf
     const int t = (threadIdx.x & 31) & 3;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int c0 = c_begin; c0 < c_end; c0 += kUnroll) {
-        uint4 lo[kUnroll], hi[kUnroll], xv[kUnroll];
+        // All sixteen weight loads first (they are what the stream waits on), then x chunk by
+        // chunk as the mma needs it: fewer live registers, so every weight load stays in flight.
+        uint4 lo[kUnroll], hi[kUnroll];
 #pragma unroll
         for (int j = 0; j < kUnroll; ++j) {
             const int kk = (c0 + j) * 32 + t * 8;
             const bool ok = c0 + j < c_end && kk < p.k;
             lo[j] = (ok && wlo) ? aot::ld_stream16(wlo + kk) : zero;
             hi[j] = (ok && whi) ? aot::ld_stream16(whi + kk) : zero;
-            if (ok && has_token) {
-                xv[j] = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
-            } else {
-                xv[j] = zero;
-            }
         }
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) aot::mma_chunk32(acc, lo[j], hi[j], xv[j]);
+        for (int j = 0; j < kUnroll; ++j) {
+            const int kk = (c0 + j) * 32 + t * 8;
+            uint4 xv = zero;
+            if (c0 + j < c_end && kk < p.k && has_token) {
+                xv = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
+            }
+            aot::mma_chunk32(acc, lo[j], hi[j], xv);
+        }
     }
 }
 
