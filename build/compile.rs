@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use fatbin_verify::manifest::Manifest;
+use fatbin_verify::manifest::{Manifest, ModuleKind};
 use fatbin_verify::{ImageKind, Target};
 use sha2::{Digest, Sha256};
 
@@ -55,6 +55,14 @@ pub struct Job {
     pub flags: Vec<String>,
     /// Cache file: its name carries the key, so a changed input never hits a stale file.
     pub output: PathBuf,
+    pub recipe: Recipe,
+}
+
+/// What makes a job's image: nvcc on a CUDA source, or ptxas on a Triton module's committed PTX.
+#[derive(Debug, Clone)]
+pub enum Recipe {
+    Nvcc,
+    Triton(super::triton::TritonRecipe),
 }
 
 #[derive(Debug)]
@@ -124,7 +132,7 @@ fn parse_make_deps(text: &str) -> Vec<PathBuf> {
     deps
 }
 
-fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
+pub(crate) fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
     let mut h = Sha256::new();
     for f in files {
         let rel = f.strip_prefix(root).unwrap_or(f);
@@ -154,6 +162,8 @@ pub fn hex(digest: sha2::digest::Output<Sha256>) -> String {
 }
 
 /// Targets this build makes for a module: the manifest's list cut by `AOT_TARGETS`, plus the PTX.
+/// A filter entry admits every variant of its architecture (`sm_90` keeps a module's `sm_90a`),
+/// so a quick build for one GPU still carries the Triton modules' arch-specific SASS.
 pub fn module_targets(
     manifest: &Manifest,
     module: &fatbin_verify::manifest::Module,
@@ -162,7 +172,13 @@ pub fn module_targets(
     manifest
         .module_targets(module)
         .into_iter()
-        .filter(|t| t.virtual_arch || config.target_filter.as_ref().is_none_or(|f| f.contains(t)))
+        .filter(|t| {
+            t.virtual_arch
+                || config
+                    .target_filter
+                    .as_ref()
+                    .is_none_or(|f| f.iter().any(|x| x.sm == t.sm))
+        })
         .collect()
 }
 
@@ -184,6 +200,20 @@ pub fn plan(
         manifest.toolchain.packages.join(" ")
     );
     for module in &manifest.modules {
+        if module.kind == ModuleKind::Triton {
+            let (source_sha256, jobs, files) = super::triton::plan_module(
+                manifest,
+                module,
+                config,
+                toolchain,
+                &toolchain_id,
+                CACHE_VERSION,
+            )?;
+            inputs.extend(files);
+            source_hashes.push(source_sha256);
+            modules.push((module.name.clone(), jobs));
+            continue;
+        }
         let source = config.project_root.join(&module.source);
         let deps = dependencies(toolchain, config, module, &source)?;
         // The lock's source hash covers the project's own files, named relative to the project,
@@ -231,6 +261,7 @@ pub fn plan(
                 source: source.clone(),
                 flags: module.flags.clone(),
                 output,
+                recipe: Recipe::Nvcc,
             });
         }
         source_hashes.push(source_sha256);
@@ -296,6 +327,18 @@ fn compile_one(
         .output
         .with_extension(format!("tmp{}", std::process::id()));
     let started = Instant::now();
+    if let Recipe::Triton(recipe) = &job.recipe {
+        super::triton::make_image(job, recipe, toolchain, &tmp)?;
+        std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
+        prune_stale(job);
+        log(&format!(
+            "assembled {} {} in {:.2} s",
+            job.module,
+            job.target,
+            started.elapsed().as_secs_f64()
+        ));
+        return Ok(done(false));
+    }
     let mode = if job.target.virtual_arch {
         "-ptx"
     } else {

@@ -44,7 +44,13 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
     let sm = d.spec.capability.sm() as i32;
     assert_eq!(k.report().modules.len(), registry::modules().len());
     for m in &k.report().modules {
-        assert_eq!(m.target, want, "{}", m.module);
+        // This GPU's SASS: `sm_90`, or `sm_90a` for the Triton modules.
+        assert!(
+            m.target.sm == want.sm && !m.target.virtual_arch,
+            "{}: {}",
+            m.module,
+            m.target
+        );
         assert_eq!(
             (m.reason, m.jit),
             (Reason::ExactSass, false),

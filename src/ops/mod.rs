@@ -6,8 +6,11 @@
 
 pub mod activation;
 pub mod compare;
+pub mod gated_delta_net;
 pub mod launch;
+pub mod moe;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod triton;
 
 pub use launch::{OpsError, LAUNCHED_ENTRIES};
