@@ -1,6 +1,7 @@
 # Entry points for people and CI. Every target installs what it needs first (idempotent).
 #   make run    build the kernels for every target, verify the built binaries against the lock,
-#               and show this machine's dispatch plan (and load report on a GPU)
+#               show this machine's dispatch plan (and load report on a GPU), and decode with the
+#               built-in tiny model (on the GPU if there is one, else on the CPU reference engine)
 #   make test   the whole test suite (what CI runs)
 #   make lock   rewrite aot-manifest.lock after an intended kernel or flag change
 #   make triton regenerate the Triton modules' committed PTX and metadata (kernels/triton/generated/)
@@ -23,8 +24,11 @@ verify: build
 run: verify
 	@# Exit status 3 means "no CUDA device here": the plan is still printed, and that is not a failure.
 	$(RELEASE)/qwen-decode kernels || [ $$? -eq 3 ]
+	@# Thor on JetPack 7 (CUDA 13 images), Orin on JetPack 6 and an H100 on r550 (CUDA 12 images).
 	$(RELEASE)/qwen-decode kernels --simulate 11.0 --integrated --driver 13.0
-	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.8
+	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.6
+	$(RELEASE)/qwen-decode kernels --simulate 9.0 --driver 12.4
+	$(RELEASE)/qwen-decode run --model tiny --prompt "Ahead-of-time kernels for every GPU:" --max-new-tokens 48
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,5 +1,6 @@
-//! Compiling every (module, target) image in parallel with a content-keyed cache, packing one
-//! fatbin per module, and reading each image back to check what nvcc really made.
+//! Compiling every (module, toolchain, target) image in parallel with a content-keyed cache,
+//! packing one fatbin container per module and toolchain (the containers of a module back to back
+//! in one file), and reading each image back to check what the compiler really made.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,16 +9,35 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use fatbin_verify::manifest::{Manifest, ModuleKind};
-use fatbin_verify::{ImageKind, Target};
+use fatbin_verify::{CudaRelease, ImageKind, Target};
 use sha2::{Digest, Sha256};
 
+use super::nvrtc;
+use super::toolchain::ExtraToolchain;
 use super::{io_err, BuildError, Config, Toolchain};
 
 /// Bump when the way images are compiled changes, so stale cache entries are not reused.
-const CACHE_VERSION: &str = "aot-kernels image cache v1";
+const CACHE_VERSION: &str = "aot-kernels image cache v2";
 
-/// Flags every kernel is compiled with; module flags come after them.
+/// Flags every kernel is compiled with by nvcc; module flags come after them.
 const COMMON_FLAGS: &[&str] = &["-std=c++17", "-O3", "--Werror", "all-warnings"];
+
+/// Flags every kernel is compiled with by NVRTC (optimised by default; warnings are made errors
+/// by the build, which refuses any log that reports one).
+const NVRTC_FLAGS: &[&str] = &["-std=c++17"];
+
+/// Every compiler of this build: the primary nvcc and the extra NVRTC toolchains.
+pub struct Toolchains<'a> {
+    pub primary: &'a Toolchain,
+    pub primary_cuda: CudaRelease,
+    pub extra: &'a [ExtraToolchain],
+}
+
+impl Toolchains<'_> {
+    fn extra(&self, cuda: CudaRelease) -> Option<&ExtraToolchain> {
+        self.extra.iter().find(|e| e.cuda == cuda)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageFormat {
@@ -27,6 +47,8 @@ pub enum ImageFormat {
 
 #[derive(Debug, Clone)]
 pub struct BuiltImage {
+    /// CUDA release of the toolchain that made it.
+    pub toolchain: CudaRelease,
     pub target: Target,
     pub format: ImageFormat,
     /// sha256 (hex) of the image's identity bytes as stored in the fatbin.
@@ -42,14 +64,16 @@ pub struct BuiltModule {
     pub name: String,
     pub entries: Vec<String>,
     pub source_sha256: String,
+    /// One fatbin container per toolchain, back to back (8-aligned) in this file.
     pub fatbin: PathBuf,
     pub images: Vec<BuiltImage>,
 }
 
-/// One compiler run: a module's source for one target.
+/// One compiler run: a module's source for one target with one toolchain.
 #[derive(Debug, Clone)]
 pub struct Job {
     pub module: String,
+    pub toolchain: CudaRelease,
     pub target: Target,
     pub source: PathBuf,
     pub flags: Vec<String>,
@@ -58,16 +82,17 @@ pub struct Job {
     pub recipe: Recipe,
 }
 
-/// What makes a job's image: nvcc on a CUDA source, or ptxas on a Triton module's committed PTX.
+/// What makes a job's image: the job's toolchain compiling a CUDA source (nvcc for the primary,
+/// NVRTC for an extra toolchain), or the primary's ptxas on a Triton module's committed PTX.
 #[derive(Debug, Clone)]
 pub enum Recipe {
-    Nvcc,
+    Cuda,
     Triton(super::triton::TritonRecipe),
 }
 
 #[derive(Debug)]
 pub struct Plan {
-    /// Per manifest module, in order: its source hash and its jobs (SASS targets, then PTX).
+    /// Per manifest module, in order: its jobs (per toolchain, primary first: SASS targets, then PTX).
     pub modules: Vec<(String, Vec<Job>)>,
     pub inputs: Vec<PathBuf>,
 }
@@ -75,6 +100,7 @@ pub struct Plan {
 #[derive(Debug)]
 pub struct Compiled {
     pub module: String,
+    pub toolchain: CudaRelease,
     pub target: Target,
     pub path: PathBuf,
     pub from_cache: bool,
@@ -161,18 +187,19 @@ pub fn hex(digest: sha2::digest::Output<Sha256>) -> String {
     fatbin_verify::sha256_hex(&digest.into())
 }
 
-/// Targets this build makes for a module: the manifest's list cut by `AOT_TARGETS`, plus the PTX.
-/// A filter entry admits every variant of its architecture (`sm_90` keeps a module's `sm_90a`),
-/// so a quick build for one GPU still carries the Triton modules' arch-specific SASS.
-pub fn module_targets(
+/// Images this build makes for a module, by (toolchain, target): the manifest's, SASS cut by
+/// `AOT_TARGETS`, every PTX fallback kept. A filter entry admits every variant of its
+/// architecture (`sm_90` keeps a module's `sm_90a`), so a quick build for one GPU still carries
+/// the Triton modules' arch-specific SASS.
+pub fn module_images(
     manifest: &Manifest,
     module: &fatbin_verify::manifest::Module,
     config: &Config,
-) -> Vec<Target> {
+) -> Vec<(CudaRelease, Target)> {
     manifest
-        .module_targets(module)
+        .module_images(module)
         .into_iter()
-        .filter(|t| {
+        .filter(|(_, t)| {
             t.virtual_arch
                 || config
                     .target_filter
@@ -185,8 +212,9 @@ pub fn module_targets(
 pub fn plan(
     manifest: &Manifest,
     config: &Config,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
 ) -> Result<(Plan, Vec<String>), BuildError> {
+    let toolchain = toolchains.primary;
     let mut modules = Vec::new();
     let mut source_hashes = Vec::new();
     let mut inputs = vec![config.project_root.join("kernels")];
@@ -199,13 +227,33 @@ pub fn plan(
         toolchain.version,
         manifest.toolchain.packages.join(" ")
     );
+    // An extra toolchain is its exact wheels (compiler and headers) plus the build's shims.
+    let shims = super::toolchain::nvrtc_shim_dir();
+    let mut shim_files: Vec<PathBuf> = std::fs::read_dir(&shims)
+        .map_err(io_err(&shims))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    shim_files.sort();
+    let shim_sha256 = hash_files(&shims, &shim_files)?;
+    inputs.extend(shim_files);
+    let extra_ids: Vec<(CudaRelease, String)> = manifest
+        .extra_toolchains
+        .iter()
+        .map(|e| {
+            let found = toolchains.extra(e.cuda).map_or("", |x| x.version.as_str());
+            (
+                e.cuda,
+                format!("nvrtc {found} {} {shim_sha256}", e.packages.join(" ")),
+            )
+        })
+        .collect();
     for module in &manifest.modules {
         if module.kind == ModuleKind::Triton {
             let (source_sha256, jobs, files) = super::triton::plan_module(
                 manifest,
                 module,
                 config,
-                toolchain,
+                toolchains,
                 &toolchain_id,
                 CACHE_VERSION,
             )?;
@@ -228,19 +276,32 @@ pub fn plan(
         inputs.extend(deps);
 
         let mut jobs = Vec::new();
-        for target in module_targets(manifest, module, config) {
+        for (cuda, target) in module_images(manifest, module, config) {
+            let (id, common, external) = if cuda == toolchains.primary_cuda {
+                (
+                    toolchain_id.as_str(),
+                    COMMON_FLAGS,
+                    external_sha256.as_str(),
+                )
+            } else {
+                let id = extra_ids
+                    .iter()
+                    .find(|(c, _)| *c == cuda)
+                    .map_or("", |(_, id)| id.as_str());
+                (id, NVRTC_FLAGS, "")
+            };
             let mut key = Sha256::new();
             for part in [
                 CACHE_VERSION,
-                &toolchain_id,
+                id,
                 &target.to_string(),
                 &source_sha256,
-                &external_sha256,
+                external,
             ] {
                 key.update(part.as_bytes());
                 key.update([0]);
             }
-            for flag in COMMON_FLAGS
+            for flag in common
                 .iter()
                 .copied()
                 .chain(module.flags.iter().map(String::as_str))
@@ -254,14 +315,15 @@ pub fn plan(
                 .out_dir
                 .join("cache")
                 .join(&module.name)
-                .join(format!("{target}-{}.{ext}", &key[..16]));
+                .join(format!("{cuda}-{target}-{}.{ext}", &key[..16]));
             jobs.push(Job {
                 module: module.name.clone(),
+                toolchain: cuda,
                 target,
                 source: source.clone(),
                 flags: module.flags.clone(),
                 output,
-                recipe: Recipe::Nvcc,
+                recipe: Recipe::Cuda,
             });
         }
         source_hashes.push(source_sha256);
@@ -275,7 +337,7 @@ pub fn plan(
 /// Runs every job not already in the cache, `config.jobs` at a time.
 pub fn compile_all(
     plan: &Plan,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
     config: &Config,
     log: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<Compiled>, BuildError> {
@@ -289,7 +351,7 @@ pub fn compile_all(
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                let result = compile_one(job, toolchain, config, log);
+                let result = compile_one(job, toolchains, config, log);
                 if let Ok(mut r) = results.lock() {
                     r[i] = Some(result);
                 }
@@ -308,12 +370,13 @@ pub fn compile_all(
 
 fn compile_one(
     job: &Job,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
     config: &Config,
     log: &(dyn Fn(&str) + Sync),
 ) -> Result<Compiled, BuildError> {
     let done = |from_cache| Compiled {
         module: job.module.clone(),
+        toolchain: job.toolchain,
         target: job.target,
         path: job.output.clone(),
         from_cache,
@@ -328,17 +391,92 @@ fn compile_one(
         .with_extension(format!("tmp{}", std::process::id()));
     let started = Instant::now();
     if let Recipe::Triton(recipe) = &job.recipe {
-        super::triton::make_image(job, recipe, toolchain, &tmp)?;
+        super::triton::make_image(job, recipe, toolchains.primary, &tmp)?;
         std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
         prune_stale(job);
         log(&format!(
-            "assembled {} {} in {:.2} s",
+            "assembled {} {} (CUDA {}) in {:.2} s",
             job.module,
             job.target,
+            job.toolchain,
             started.elapsed().as_secs_f64()
         ));
         return Ok(done(false));
     }
+    if job.toolchain != toolchains.primary_cuda {
+        let extra = toolchains.extra(job.toolchain).ok_or_else(|| {
+            BuildError::Toolchain(format!("no CUDA {} toolchain was found", job.toolchain))
+        })?;
+        let bytes = compile_with_nvrtc(job, extra, config)?;
+        std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    } else {
+        compile_with_nvcc(job, toolchains.primary, config, &tmp)?;
+    }
+    std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
+    prune_stale(job);
+    log(&format!(
+        "compiled {} {} (CUDA {}) in {:.2} s",
+        job.module,
+        job.target,
+        job.toolchain,
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(done(false))
+}
+
+fn compile_error(job: &Job, config: &Config, stderr: String) -> BuildError {
+    BuildError::Compile {
+        module: job.module.clone(),
+        target: job.target,
+        toolchain: job.toolchain,
+        source_path: job
+            .source
+            .strip_prefix(&config.project_root)
+            .unwrap_or(&job.source)
+            .to_path_buf(),
+        stderr,
+    }
+}
+
+/// One NVRTC run; a log that reports a warning fails it, as nvcc's `--Werror all-warnings` would.
+fn compile_with_nvrtc(
+    job: &Job,
+    extra: &ExtraToolchain,
+    config: &Config,
+) -> Result<Vec<u8>, BuildError> {
+    let source = std::fs::read_to_string(&job.source).map_err(io_err(&job.source))?;
+    let mut options: Vec<String> = vec![format!("-arch={}", job.target)];
+    options.extend(NVRTC_FLAGS.iter().map(|f| f.to_string()));
+    options.push(format!("-I{}", include_dir(config).display()));
+    options.extend(extra.include.iter().map(|d| format!("-I{}", d.display())));
+    options.extend(job.flags.iter().cloned());
+    let name = job
+        .source
+        .strip_prefix(&config.project_root)
+        .unwrap_or(&job.source)
+        .display()
+        .to_string();
+    match extra
+        .nvrtc
+        .compile(&source, &name, &options)
+        .map_err(BuildError::Toolchain)?
+    {
+        nvrtc::Output::Failed { log } => Err(compile_error(job, config, log)),
+        nvrtc::Output::Image { log, .. } if log.contains("warning") => Err(compile_error(
+            job,
+            config,
+            format!("{log}\n(warnings are errors)"),
+        )),
+        nvrtc::Output::Image { bytes, .. } => Ok(bytes),
+    }
+}
+
+fn compile_with_nvcc(
+    job: &Job,
+    toolchain: &Toolchain,
+    config: &Config,
+    tmp: &Path,
+) -> Result<(), BuildError> {
     let mode = if job.target.virtual_arch {
         "-ptx"
     } else {
@@ -353,46 +491,30 @@ fn compile_one(
         .arg(include_dir(config))
         .args(&job.flags)
         .arg("-o")
-        .arg(&tmp)
+        .arg(tmp)
         .arg(&job.source)
         .output()
         .map_err(|e| {
             BuildError::Toolchain(format!("cannot run {}: {e}", toolchain.nvcc().display()))
         })?;
     if !output.status.success() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(tmp);
         let mut stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
         if stderr.is_empty() {
             stderr = String::from_utf8_lossy(&output.stdout).trim().to_string();
         }
-        return Err(BuildError::Compile {
-            module: job.module.clone(),
-            target: job.target,
-            source_path: job
-                .source
-                .strip_prefix(&config.project_root)
-                .unwrap_or(&job.source)
-                .to_path_buf(),
-            stderr,
-        });
+        return Err(compile_error(job, config, stderr));
     }
-    std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
-    prune_stale(job);
-    log(&format!(
-        "compiled {} {} in {:.2} s",
-        job.module,
-        job.target,
-        started.elapsed().as_secs_f64()
-    ));
-    Ok(done(false))
+    Ok(())
 }
 
-/// Removes this (module, target)'s cache entries made from older inputs, so the cache stays one file per image.
+/// Removes this (module, toolchain, target)'s cache entries made from older inputs, so the cache
+/// stays one file per image.
 fn prune_stale(job: &Job) {
     let (Some(dir), Some(current)) = (job.output.parent(), job.output.file_name()) else {
         return;
     };
-    let prefix = format!("{}-", job.target);
+    let prefix = format!("{}-{}-", job.toolchain, job.target);
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -404,12 +526,13 @@ fn prune_stale(job: &Job) {
     }
 }
 
-/// Packs each module's images into one uncompressed fatbin (so the runtime can slice images out of it
-/// without copying), then reads every image back and checks target, kind and entry points.
+/// Packs each module's images into uncompressed fatbin containers, one per toolchain, back to
+/// back in one file (so the runtime can slice images out of it without copying), then reads every
+/// image back and checks target, kind, toolchain and entry points.
 pub fn assemble_and_read_back(
     manifest: &Manifest,
     config: &Config,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
     plan: &Plan,
     compiled: &[Compiled],
     source_hashes: &[String],
@@ -421,119 +544,46 @@ pub fn assemble_and_read_back(
         .zip(&manifest.modules)
         .zip(source_hashes)
     {
-        let images: Vec<&Compiled> = compiled.iter().filter(|c| &c.module == name).collect();
-        let fatbin = config.out_dir.join(format!("{name}.fatbin"));
-        let mut cmd = Command::new(toolchain.fatbinary());
-        cmd.arg("--64")
-            .arg("--compress=false")
-            .arg(format!("--create={}", fatbin.display()));
-        for image in &images {
-            let kind = if image.target.virtual_arch {
-                "ptx"
-            } else {
-                "elf"
-            };
-            let sm = image.target.to_string();
-            let sm = sm.trim_start_matches("sm_").trim_start_matches("compute_");
-            cmd.arg(format!(
-                "--image3=kind={kind},sm={sm},file={}",
-                image.path.display()
-            ));
-        }
-        let out = cmd.output().map_err(|e| {
-            BuildError::Toolchain(format!(
-                "cannot run {}: {e}",
-                toolchain.fatbinary().display()
-            ))
-        })?;
-        if !out.status.success() {
-            return Err(BuildError::Readback {
-                module: name.clone(),
-                what: "fatbinary".into(),
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        let bytes = std::fs::read(&fatbin).map_err(io_err(&fatbin))?;
         let readback = |what: String, message: String| BuildError::Readback {
             module: name.clone(),
             what,
             message,
         };
-        let listed = fatbin_verify::list_images(&bytes)
-            .map_err(|e| readback(fatbin.display().to_string(), e.to_string()))?;
-        if listed.len() != jobs.len() {
-            return Err(readback(
-                fatbin.display().to_string(),
-                format!("{} images where {} were packed", listed.len(), jobs.len()),
-            ));
-        }
-
+        let fatbin = config.out_dir.join(format!("{name}.fatbin"));
+        let mut whole: Vec<u8> = Vec::new();
         let mut built = Vec::new();
-        for (job, image) in jobs.iter().zip(&images) {
-            let what = format!("{} image", job.target);
-            let info = listed
+        let mut releases: Vec<CudaRelease> = jobs.iter().map(|j| j.toolchain).collect();
+        releases.dedup();
+        for cuda in releases {
+            let jobs: Vec<&Job> = jobs.iter().filter(|j| j.toolchain == cuda).collect();
+            let images: Vec<&Compiled> = compiled
                 .iter()
-                .find(|i| i.target == Some(job.target))
-                .ok_or_else(|| {
-                    readback(
-                        what.clone(),
-                        format!("no {} image in the fatbin", job.target),
-                    )
-                })?;
-            let (format, want_kind) = if job.target.virtual_arch {
-                (ImageFormat::Ptx, ImageKind::Ptx)
-            } else {
-                (ImageFormat::Cubin, ImageKind::Elf)
-            };
-            if info.kind != want_kind {
+                .filter(|c| &c.module == name && c.toolchain == cuda)
+                .collect();
+            // The primary's fatbinary packs every toolchain's images: the container format is the
+            // same, and the CUDA 12 wheels carry no fatbinary.
+            let part = config.out_dir.join(format!("{name}.cuda-{cuda}.fatbin"));
+            let bytes = pack(toolchains.primary, &images, &part)
+                .map_err(|message| readback("fatbinary".into(), message))?;
+            let listed = fatbin_verify::list_images(&bytes)
+                .map_err(|e| readback(part.display().to_string(), e.to_string()))?;
+            if listed.len() != jobs.len() {
                 return Err(readback(
-                    what,
-                    format!("kind {:?} where {want_kind:?} was expected", info.kind),
+                    part.display().to_string(),
+                    format!("{} images where {} were packed", listed.len(), jobs.len()),
                 ));
             }
-            if format == ImageFormat::Cubin {
-                // The fatbin must carry exactly the cubin ptxas wrote.
-                let file = std::fs::read(&image.path).map_err(io_err(&image.path))?;
-                if hex(Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
-                    return Err(readback(
-                        what,
-                        "the cubin in the fatbin differs from the file ptxas wrote".into(),
-                    ));
-                }
+            // Containers follow one another 8-aligned, as linkers place them.
+            whole.resize(whole.len().div_ceil(8) * 8, 0);
+            let base = whole.len();
+            whole.extend_from_slice(&bytes);
+            for (job, image) in jobs.iter().zip(&images) {
+                built.push(read_back_one(
+                    manifest, config, module, name, job, image, &listed, base,
+                )?);
             }
-            if format == ImageFormat::Ptx && info.ptx_version.is_none() {
-                return Err(readback(what, "PTX without a `.version` line".into()));
-            }
-            for entry in &module.entries {
-                if !info.kernels.iter().any(|k| k == entry) {
-                    return Err(BuildError::MissingEntry {
-                        manifest: config.manifest_path.clone(),
-                        module: name.clone(),
-                        target: job.target,
-                        entry: entry.clone(),
-                        present: if info.kernels.is_empty() {
-                            "no kernels".into()
-                        } else {
-                            info.kernels.join(", ")
-                        },
-                    });
-                }
-            }
-            let range = info.raw_range.clone().ok_or_else(|| {
-                readback(
-                    what.clone(),
-                    "stored compressed; the fatbin must be uncompressed".into(),
-                )
-            })?;
-            built.push(BuiltImage {
-                target: job.target,
-                format,
-                sha256: fatbin_verify::sha256_hex(&info.sha256),
-                size: info.size,
-                offset: range.start,
-                ptx_version: info.ptx_version,
-            });
         }
+        std::fs::write(&fatbin, &whole).map_err(io_err(&fatbin))?;
         modules.push(BuiltModule {
             name: name.clone(),
             entries: module.entries.clone(),
@@ -543,4 +593,119 @@ pub fn assemble_and_read_back(
         });
     }
     Ok(modules)
+}
+
+/// One uncompressed container of `images`, written to `out` and returned.
+fn pack(toolchain: &Toolchain, images: &[&Compiled], out: &Path) -> Result<Vec<u8>, String> {
+    let mut cmd = Command::new(toolchain.fatbinary());
+    cmd.arg("--64")
+        .arg("--compress=false")
+        .arg(format!("--create={}", out.display()));
+    for image in images {
+        let kind = if image.target.virtual_arch {
+            "ptx"
+        } else {
+            "elf"
+        };
+        let sm = image.target.to_string();
+        let sm = sm.trim_start_matches("sm_").trim_start_matches("compute_");
+        cmd.arg(format!(
+            "--image3=kind={kind},sm={sm},file={}",
+            image.path.display()
+        ));
+    }
+    let result = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", toolchain.fatbinary().display()))?;
+    if !result.status.success() {
+        return Err(String::from_utf8_lossy(&result.stderr).trim().to_string());
+    }
+    std::fs::read(out).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// Checks one packed image against its job: kind, bytes, toolchain, entries; records where it lies
+/// in the module's file (`base`: its container's offset there).
+#[allow(clippy::too_many_arguments)]
+fn read_back_one(
+    manifest: &Manifest,
+    config: &Config,
+    module: &fatbin_verify::manifest::Module,
+    name: &str,
+    job: &Job,
+    image: &Compiled,
+    listed: &[fatbin_verify::ImageInfo],
+    base: usize,
+) -> Result<BuiltImage, BuildError> {
+    let what = format!("{} image (CUDA {})", job.target, job.toolchain);
+    let readback = |message: String| BuildError::Readback {
+        module: name.to_string(),
+        what: what.clone(),
+        message,
+    };
+    let info = listed
+        .iter()
+        .find(|i| i.target == Some(job.target))
+        .ok_or_else(|| readback(format!("no {} image in the fatbin", job.target)))?;
+    let (format, want_kind) = if job.target.virtual_arch {
+        (ImageFormat::Ptx, ImageKind::Ptx)
+    } else {
+        (ImageFormat::Cubin, ImageKind::Elf)
+    };
+    if info.kind != want_kind {
+        return Err(readback(format!(
+            "kind {:?} where {want_kind:?} was expected",
+            info.kind
+        )));
+    }
+    if format == ImageFormat::Cubin {
+        // The fatbin must carry exactly the cubin the compiler wrote.
+        let file = std::fs::read(&image.path).map_err(io_err(&image.path))?;
+        if hex(Sha256::digest(&file)) != fatbin_verify::sha256_hex(&info.sha256) {
+            return Err(readback(
+                "the cubin in the fatbin differs from the file the compiler wrote".into(),
+            ));
+        }
+    }
+    if format == ImageFormat::Ptx && info.ptx_version.is_none() {
+        return Err(readback("PTX without a `.version` line".into()));
+    }
+    // The image must say it comes from its toolchain (ELF ABI, PTX ISA, toolkit string).
+    if fatbin_verify::verify::image_toolchain(manifest, info) != Some(job.toolchain) {
+        return Err(readback(format!(
+            "it reads as made by CUDA {} (ELF ABI {:?}, PTX {:?}, toolkit {:?}), not CUDA {}",
+            info.cuda.map_or("unknown".into(), |c| c.to_string()),
+            info.elf_abi,
+            info.ptx_version,
+            info.toolkit,
+            job.toolchain
+        )));
+    }
+    for entry in &module.entries {
+        if !info.kernels.iter().any(|k| k == entry) {
+            return Err(BuildError::MissingEntry {
+                manifest: config.manifest_path.clone(),
+                module: name.to_string(),
+                target: job.target,
+                entry: entry.clone(),
+                present: if info.kernels.is_empty() {
+                    "no kernels".into()
+                } else {
+                    info.kernels.join(", ")
+                },
+            });
+        }
+    }
+    let range = info
+        .raw_range
+        .clone()
+        .ok_or_else(|| readback("stored compressed; the fatbin must be uncompressed".into()))?;
+    Ok(BuiltImage {
+        toolchain: job.toolchain,
+        target: job.target,
+        format,
+        sha256: fatbin_verify::sha256_hex(&info.sha256),
+        size: info.size,
+        offset: base + range.start,
+        ptx_version: info.ptx_version,
+    })
 }

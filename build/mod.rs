@@ -1,10 +1,13 @@
-//! The ahead-of-time kernel build: manifest -> nvcc per (module, target) -> fatbin per module ->
-//! read back and check -> lock check -> registry source for `src/registry.rs`.
+//! The ahead-of-time kernel build: manifest -> a compiler run per (module, toolchain, target)
+//! (nvcc for the primary CUDA 13.0, NVRTC for extra toolchains such as CUDA 12.9) -> fatbin
+//! containers per module -> read back and check -> lock check -> registry source for
+//! `src/registry.rs`.
 //!
 //! `build.rs` is a thin wrapper around [`run`]; the tests call [`run`] directly on temporary
 //! manifests, so every failure mode is tested through the same code the build uses.
 
 pub mod compile;
+pub mod nvrtc;
 pub mod registry_gen;
 pub mod toolchain;
 pub mod triton;
@@ -13,10 +16,10 @@ use std::path::{Path, PathBuf};
 
 use fatbin_verify::lock::{Lock, LockDiff, LockError, LockedImage, LockedModule, LOCK_FORMAT};
 use fatbin_verify::manifest::{Manifest, ManifestError};
-use fatbin_verify::Target;
+use fatbin_verify::{CudaRelease, Target};
 
-pub use compile::{BuiltModule, ImageFormat};
-pub use toolchain::Toolchain;
+pub use compile::{BuiltModule, ImageFormat, Toolchains};
+pub use toolchain::{ExtraToolchain, Toolchain};
 
 /// Environment variables the build reads (each is a `rerun-if-env-changed`).
 pub const ENV_KNOBS: &[&str] = &[
@@ -130,7 +133,7 @@ impl std::fmt::Display for LockStatus {
             }
             LockStatus::NotApplicable { toolchain, pinned } => write!(
                 f,
-                "not applicable: built with nvcc {toolchain}, the lock is for the pinned {pinned}"
+                "not applicable: built with {toolchain}, the lock is for the pinned {pinned}"
             ),
         }
     }
@@ -140,6 +143,9 @@ impl std::fmt::Display for LockStatus {
 pub struct BuildOutput {
     #[allow(dead_code)] // read by the tests and kept for the build report
     pub toolchain: Toolchain,
+    /// The extra (NVRTC) toolchains, in manifest order.
+    #[allow(dead_code)] // read by the tests and kept for the build report
+    pub extra_toolchains: Vec<ExtraToolchain>,
     pub modules: Vec<BuiltModule>,
     pub lock_status: LockStatus,
     /// Files whose change must rerun the build.
@@ -184,10 +190,11 @@ pub enum BuildError {
     },
     #[error("Triton module {module}: {message}")]
     Triton { module: String, message: String },
-    #[error("module {module}: {} failed to compile for {target}:\n{stderr}\nFix the kernel source; kernels build with warnings as errors.", source_path.display())]
+    #[error("module {module}: {} failed to compile for {target} with CUDA {toolchain}:\n{stderr}\nFix the kernel source; kernels build with warnings as errors, with every toolchain of the manifest.", source_path.display())]
     Compile {
         module: String,
         target: Target,
+        toolchain: CudaRelease,
         source_path: PathBuf,
         stderr: String,
     },
@@ -256,28 +263,46 @@ pub fn run(
         toolchain.bin.display()
     ));
     check_targets_supported(&manifest, config, &toolchain)?;
+    let mut extra_toolchains = Vec::new();
+    for (index, extra) in manifest.extra_toolchains.iter().enumerate() {
+        let found = toolchain::find_extra(&config.project_root, extra.cuda, &config.manifest_path)?;
+        log(&format!(
+            "toolchain: CUDA {} NVRTC {} ({})",
+            found.cuda,
+            found.version,
+            found.nvrtc.path().display()
+        ));
+        check_extra_targets_supported(&manifest, config, index, &found)?;
+        extra_toolchains.push(found);
+    }
+    let toolchains = Toolchains {
+        primary: &toolchain,
+        primary_cuda: manifest.toolchain.cuda,
+        extra: &extra_toolchains,
+    };
 
-    let (plan, source_hashes) = compile::plan(&manifest, config, &toolchain)?;
+    let (plan, source_hashes) = compile::plan(&manifest, config, &toolchains)?;
     inputs.extend(plan.inputs.iter().cloned());
-    let compiled = compile::compile_all(&plan, &toolchain, config, log)?;
+    let compiled = compile::compile_all(&plan, &toolchains, config, log)?;
     let modules = compile::assemble_and_read_back(
         &manifest,
         config,
-        &toolchain,
+        &toolchains,
         &plan,
         &compiled,
         &source_hashes,
     )?;
 
-    let built_lock = lock_of(&toolchain, &modules);
-    let lock_status = check_lock(&manifest, config, &toolchain, &built_lock)?;
+    let built_lock = lock_of(&manifest, &toolchains, &modules);
+    let lock_status = check_lock(&manifest, config, &toolchains, &built_lock)?;
     log(&format!("lock: {lock_status}"));
 
-    let registry_rs = registry_gen::write(config, &toolchain, &lock_status, &modules)?;
+    let registry_rs = registry_gen::write(config, &manifest, &toolchains, &lock_status, &modules)?;
     let triton_meta_rs = triton::write_meta_rs(config, &manifest)?;
     let cached = compiled.iter().filter(|c| c.from_cache).count();
     Ok(BuildOutput {
         toolchain,
+        extra_toolchains,
         modules,
         lock_status,
         inputs,
@@ -326,10 +351,46 @@ fn check_targets_supported(
     Ok(())
 }
 
-fn lock_of(toolchain: &Toolchain, modules: &[BuiltModule]) -> Lock {
+/// An extra toolchain that cannot build one of its manifest targets (NVRTC 12.9 has no `sm_110`).
+fn check_extra_targets_supported(
+    manifest: &Manifest,
+    config: &Config,
+    index: usize,
+    found: &ExtraToolchain,
+) -> Result<(), BuildError> {
+    let extra = &manifest.extra_toolchains[index];
+    for (key, t) in extra
+        .sass
+        .iter()
+        .map(|t| ("sass", t))
+        .chain(std::iter::once(("ptx", &extra.ptx)))
+    {
+        if !found.sm_list.contains(&t.sm) {
+            return Err(BuildError::Config(format!(
+                "{}: extra_toolchain[{index}] ({}).{key}: NVRTC {} at {} cannot build `{t}` (it builds sm_{}); remove it from this toolchain's list",
+                config.manifest_path.display(),
+                extra.cuda,
+                found.version,
+                found.nvrtc.path().display(),
+                found
+                    .sm_list
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" sm_")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn lock_of(manifest: &Manifest, toolchains: &Toolchains, modules: &[BuiltModule]) -> Lock {
+    let versions = std::iter::once((manifest.toolchain.cuda, toolchains.primary.version.clone()))
+        .chain(toolchains.extra.iter().map(|e| (e.cuda, e.version.clone())))
+        .collect();
     Lock {
         format: LOCK_FORMAT,
-        toolchain: toolchain.version.clone(),
+        toolchains: versions,
         modules: modules
             .iter()
             .map(|m| LockedModule {
@@ -339,6 +400,7 @@ fn lock_of(toolchain: &Toolchain, modules: &[BuiltModule]) -> Lock {
                     .images
                     .iter()
                     .map(|i| LockedImage {
+                        toolchain: i.toolchain,
                         target: i.target,
                         sha256: i.sha256.clone(),
                         size: i.size as u64,
@@ -352,15 +414,34 @@ fn lock_of(toolchain: &Toolchain, modules: &[BuiltModule]) -> Lock {
 fn check_lock(
     manifest: &Manifest,
     config: &Config,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
     built: &Lock,
 ) -> Result<LockStatus, BuildError> {
-    let pinned = toolchain.version == manifest.toolchain.nvcc_version;
+    // The first toolchain that is not the pinned one, as (what was found, what is pinned).
+    let unpinned = std::iter::once((
+        format!("nvcc {}", toolchains.primary.version),
+        toolchains.primary.version == manifest.toolchain.nvcc_version,
+        manifest.toolchain.nvcc_version.clone(),
+    ))
+    .chain(
+        toolchains
+            .extra
+            .iter()
+            .zip(&manifest.extra_toolchains)
+            .map(|(found, want)| {
+                (
+                    format!("NVRTC {}", found.version),
+                    found.version == want.version,
+                    want.version.clone(),
+                )
+            }),
+    )
+    .find(|(_, pinned, _)| !pinned)
+    .map(|(found, _, pinned)| (found, pinned));
     if config.update_lock {
-        if !pinned {
+        if let Some((found, pinned)) = &unpinned {
             return Err(BuildError::LockRefused(format!(
-                "nvcc {} is not the pinned {}; the lock records the pinned toolchain's images (install it with `bash scripts/setup-toolchain.sh`)",
-                toolchain.version, manifest.toolchain.nvcc_version
+                "{found} is not the pinned {pinned}; the lock records the pinned toolchains' images (install them with `bash scripts/setup-toolchain.sh`)"
             )));
         }
         if config.target_filter.is_some() {
@@ -382,11 +463,8 @@ fn check_lock(
         }
         Err(e) => return Err(e.into()),
     };
-    if !pinned {
-        return Ok(LockStatus::NotApplicable {
-            toolchain: toolchain.version.clone(),
-            pinned: manifest.toolchain.nvcc_version.clone(),
-        });
+    if let Some((toolchain, pinned)) = unpinned {
+        return Ok(LockStatus::NotApplicable { toolchain, pinned });
     }
     let partial = config.target_filter.is_some();
     let diffs = lock.diff(built, partial);

@@ -1,11 +1,16 @@
-//! Finding the CUDA compiler and learning what it can build.
+//! Finding the CUDA compilers and learning what they can build.
 //!
-//! Search order: `AOT_CUDA_HOME`, then `CUDA_HOME` / `CUDA_PATH`, then the project-local
-//! `.toolchain/` that `make setup` installs from PyPI, then `nvcc` on `PATH`.
+//! The primary toolchain (nvcc): `AOT_CUDA_HOME`, then `CUDA_HOME` / `CUDA_PATH`, then the
+//! project-local `.toolchain/` that `make setup` installs from PyPI, then `nvcc` on `PATH`.
+//! Extra toolchains (NVRTC, e.g. CUDA 12.9): the project-local `.toolchain/cuda-<release>/` only,
+//! since their exact wheels are what the lock records.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use fatbin_verify::CudaRelease;
+
+use super::nvrtc::{self, Nvrtc};
 use super::BuildError;
 
 /// Where a toolchain was found, for the build report.
@@ -145,13 +150,7 @@ fn probe(bin: PathBuf, source: ToolchainSource) -> Result<Toolchain, BuildError>
 /// "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0.88".
 pub fn parse_version(text: &str) -> Option<String> {
     text.split_whitespace()
-        .filter_map(|w| w.strip_prefix('V'))
-        .find(|v| {
-            v.split('.').count() == 3
-                && v.split('.')
-                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .map(str::to_string)
+        .find_map(fatbin_verify::toolkit::version_of_toolkit_string)
 }
 
 /// `sm_75 sm_80 ...` (one per line) -> [75, 80, ...]; `a`/`f` variants count as their base.
@@ -164,4 +163,104 @@ pub fn parse_gpu_codes(text: &str) -> Vec<u32> {
     list.sort_unstable();
     list.dedup();
     list
+}
+
+/// Where `make setup` installs an extra toolchain's wheels: `.toolchain/cuda-12.9/site`.
+pub fn project_local_extra_site(project_root: &Path, cuda: CudaRelease) -> PathBuf {
+    project_root.join(format!(".toolchain/cuda-{cuda}/site"))
+}
+
+/// Headers the build adds for NVRTC runs only (C library shims NVRTC lacks). They belong to the
+/// build code, so they are found beside it, whatever project the manifest describes.
+pub fn nvrtc_shim_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("build/nvrtc-include")
+}
+
+/// An extra toolchain found and probed: NVRTC and the headers of its wheels.
+pub struct ExtraToolchain {
+    pub cuda: CudaRelease,
+    pub nvrtc: Nvrtc,
+    /// Exact version, from the toolkit comment NVRTC writes into PTX ("12.9.86").
+    pub version: String,
+    /// SM numbers it compiles for (`nvrtcGetSupportedArchs`).
+    pub sm_list: Vec<u32>,
+    /// Include folders after the project's: the shims, the runtime headers, CCCL.
+    pub include: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for ExtraToolchain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraToolchain")
+            .field("cuda", &self.cuda)
+            .field("nvrtc", &self.nvrtc.path())
+            .field("version", &self.version)
+            .field("sm_list", &self.sm_list)
+            .finish()
+    }
+}
+
+/// Finds the extra toolchain of release `cuda` under `.toolchain/` and probes it: its NVRTC
+/// library, release, exact version and targets.
+pub fn find_extra(
+    project_root: &Path,
+    cuda: CudaRelease,
+    manifest: &Path,
+) -> Result<ExtraToolchain, BuildError> {
+    let site = project_local_extra_site(project_root, cuda);
+    let nvidia = site.join("nvidia");
+    let lib = nvidia.join(format!("cuda_nvrtc/lib/libnvrtc.so.{}", cuda.major));
+    let include = vec![
+        nvrtc_shim_dir(),
+        nvidia.join("cuda_runtime/include"),
+        nvidia.join("cuda_cccl/include"),
+    ];
+    let missing: Vec<String> = std::iter::once(&lib)
+        .chain(&include)
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(BuildError::Toolchain(format!(
+            "the CUDA {cuda} toolchain of {} is not installed ({} missing); install it with `bash scripts/setup-toolchain.sh` (or `make setup`)",
+            manifest.display(),
+            missing.join(", ")
+        )));
+    }
+    let nvrtc = Nvrtc::open(&lib).map_err(BuildError::Toolchain)?;
+    let (major, minor) = nvrtc.version().map_err(BuildError::Toolchain)?;
+    if (major, Some(minor)) != (cuda.major, cuda.minor) {
+        return Err(BuildError::Toolchain(format!(
+            "{}: NVRTC {major}.{minor} where the manifest's extra toolchain is CUDA {cuda}; reinstall with `bash scripts/setup-toolchain.sh`",
+            lib.display()
+        )));
+    }
+    let sm_list = nvrtc.supported_sms().map_err(BuildError::Toolchain)?;
+    // The exact version is in the toolkit comment of any PTX it writes.
+    let probe = nvrtc
+        .compile(
+            "extern \"C\" __global__ void aot_probe() {}\n",
+            "aot_probe.cu",
+            &["-arch=compute_80".to_string()],
+        )
+        .map_err(BuildError::Toolchain)?;
+    let version = match &probe {
+        nvrtc::Output::Image { bytes, .. } => {
+            fatbin_verify::toolkit::ptx_toolkit_string(bytes)
+                .and_then(|s| fatbin_verify::toolkit::version_of_toolkit_string(&s))
+        }
+        nvrtc::Output::Failed { .. } => None,
+    }
+    .ok_or_else(|| {
+        BuildError::Toolchain(format!(
+            "{}: a probe compile gave no PTX with a `Cuda compilation tools ... V<version>` comment ({probe:?})",
+            lib.display()
+        ))
+    })?;
+    Ok(ExtraToolchain {
+        cuda,
+        nvrtc,
+        version,
+        sm_list,
+        include,
+    })
 }

@@ -5,6 +5,11 @@
 //! the metadata records), the fallback's PTX is taken as it is, and both go through the same
 //! fatbin packing, read-back, lock and registry as CUDA modules. The launch facts (signature,
 //! constexprs, warps, shared memory, scratch sizes) become a table for the Rust launchers.
+//!
+//! Triton modules are built by the primary toolchain (CUDA 13) only: the manifest gives extra
+//! toolchains (`[[extra_toolchain]]`, CUDA 12.9 via NVRTC) `kind = "cuda"` modules alone, since
+//! the committed PTX is what Triton wrote for the pinned CUDA 13.0 ptxas (`.version 9.0`). So a
+//! Triton module has no CUDA 12 image; on a 12.x driver the dispatcher reports it unavailable.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,7 +20,7 @@ use fatbin_verify::{Target, Variant};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::compile::{hex, module_targets, Job, Recipe};
+use super::compile::{hex, module_images, Job, Recipe, Toolchains};
 use super::{io_err, BuildError, Config, Toolchain};
 
 /// Where the generated PTX and metadata of Triton modules live, relative to the project.
@@ -136,10 +141,11 @@ pub fn plan_module(
     manifest: &Manifest,
     module: &Module,
     config: &Config,
-    toolchain: &Toolchain,
+    toolchains: &Toolchains,
     toolchain_id: &str,
     cache_version: &str,
 ) -> Result<(String, Vec<Job>, Vec<PathBuf>), BuildError> {
+    let toolchain = toolchains.primary;
     let name = module.name.as_str();
     let (dir, meta) = read_meta(config, name)?;
     if meta.module != name {
@@ -184,7 +190,16 @@ pub fn plan_module(
     let meta_path = dir.join("meta.json");
     let mut own_files = vec![source.clone(), meta_path.clone()];
     let mut jobs = Vec::new();
-    for target in module_targets(manifest, module, config) {
+    for (cuda, target) in module_images(manifest, module, config) {
+        if cuda != toolchains.primary_cuda {
+            return Err(BuildError::Triton {
+                module: name.into(),
+                message: format!(
+                    "the manifest asks for a CUDA {cuda} image; Triton modules are built by the primary toolchain (CUDA {}) only",
+                    toolchains.primary_cuda
+                ),
+            });
+        }
         let image = meta.images.get(&target.to_string()).ok_or_else(|| {
             stale(
                 name,
@@ -264,6 +279,7 @@ pub fn plan_module(
         let ext = if target.virtual_arch { "ptx" } else { "cubin" };
         jobs.push(Job {
             module: name.to_string(),
+            toolchain: cuda,
             target,
             source: ptx,
             flags: Vec::new(),
@@ -271,7 +287,7 @@ pub fn plan_module(
                 .out_dir
                 .join("cache")
                 .join(name)
-                .join(format!("{target}-{}.{ext}", &key[..16])),
+                .join(format!("{cuda}-{target}-{}.{ext}", &key[..16])),
             recipe: Recipe::Triton(recipe),
         });
     }
@@ -317,6 +333,7 @@ pub fn make_image(
                 return Err(BuildError::Compile {
                     module: job.module.clone(),
                     target: job.target,
+                    toolchain: job.toolchain,
                     source_path: ptx.clone(),
                     stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
                 });

@@ -4,6 +4,7 @@
 //! `aot-manifest.lock` --> [`registry`] (embedded images) --> dispatcher (device, driver -> image)
 //! --> typed launchers in [`ops`], each with a CPU reference.
 
+pub mod device;
 pub mod dispatch;
 pub mod ops;
 pub mod registry;

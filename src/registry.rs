@@ -1,10 +1,12 @@
 //! The kernel images embedded in this crate, as `build.rs` made and checked them.
 //!
-//! One fatbin per module is embedded once; every [`ImageRecord`] is a slice of it (the fatbins are
-//! stored uncompressed for that). The table is generated from `aot-manifest.toml`: no module,
-//! entry or target name is written by hand in Rust.
+//! One fatbin file per module (a container per toolchain, back to back) is embedded once; every
+//! [`ImageRecord`] is a slice of it (the fatbins are stored uncompressed for that). The table is
+//! generated from `aot-manifest.toml`: no module, entry, toolchain or target name is written by
+//! hand in Rust.
 
-use fatbin_verify::{Target, Variant};
+pub use fatbin_verify::manifest::ModuleKind;
+use fatbin_verify::{CudaRelease, Target, Variant};
 use serde::Serialize;
 
 /// What an image holds: machine code for one architecture, or PTX the driver compiles at load.
@@ -19,6 +21,8 @@ pub enum ImageFormat {
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ImageRecord {
     pub module: &'static str,
+    /// CUDA release of the toolchain that made it (13.0, 12.9): the driver it needs follows.
+    pub toolchain: CudaRelease,
     pub target: Target,
     pub format: ImageFormat,
     /// sha256 (hex) recorded by the build, checked against the lock.
@@ -48,6 +52,9 @@ impl ImageRecord {
 #[derive(Debug, Serialize)]
 pub struct ModuleRecord {
     pub name: &'static str,
+    /// `cuda` (built by every toolchain of the manifest) or `triton` (committed Triton PTX,
+    /// built by the primary CUDA 13 toolchain only, so its images need a 13.0 driver).
+    pub kind: ModuleKind,
     pub entries: &'static [&'static str],
     pub source_sha256: &'static str,
     #[serde(skip)]
@@ -55,13 +62,27 @@ pub struct ModuleRecord {
     pub images: &'static [ImageRecord],
 }
 
+/// One toolchain of the build.
+#[derive(Debug, Serialize)]
+pub struct ToolchainInfo {
+    pub cuda: CudaRelease,
+    /// `nvcc` (the primary) or `nvrtc` (an extra toolchain).
+    pub compiler: &'static str,
+    /// Exact version, e.g. "12.9.86".
+    pub version: &'static str,
+    /// Where the build found it.
+    pub source: &'static str,
+}
+
 /// How the embedded images were built.
 #[derive(Debug, Serialize)]
 pub struct BuildInfo {
-    /// nvcc version, e.g. "13.0.88".
+    /// The primary toolchain's nvcc version, e.g. "13.0.88".
     pub toolchain: &'static str,
     /// Where the build found it.
     pub toolchain_source: &'static str,
+    /// Every toolchain, the primary first.
+    pub toolchains: &'static [ToolchainInfo],
     /// What the build did with aot-manifest.lock.
     pub lock_status: &'static str,
     /// `AOT_TARGETS` when the build was limited to some targets.
@@ -90,3 +111,8 @@ pub fn build_info() -> &'static BuildInfo {
 // `Variant` is named by the generated table.
 #[allow(unused_imports)]
 use Variant as _;
+
+/// Total bytes of the embedded fatbin files (every module, every toolchain).
+pub fn embedded_bytes() -> usize {
+    MODULES.iter().map(|m| m.fatbin.len()).sum()
+}

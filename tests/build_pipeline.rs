@@ -12,7 +12,11 @@ mod aot_build;
 use std::path::{Path, PathBuf};
 
 use aot_build::{BuildError, Config, LockStatus};
-use fatbin_verify::Target;
+use fatbin_verify::lock::Lock;
+use fatbin_verify::{CudaRelease, Target};
+
+const CU13: CudaRelease = CudaRelease::new(13, 0);
+const CU12: CudaRelease = CudaRelease::new(12, 9);
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -28,22 +32,32 @@ fn toolchain_home() -> PathBuf {
     home
 }
 
-/// A throw-away project: the repo's kernels and a manifest edited by `edit`.
+/// A throw-away project: the repo's kernels and a manifest edited by `edit`; its `.toolchain/`
+/// is the repo's (the extra toolchains are found there only).
 struct Project {
     dir: tempfile::TempDir,
 }
 
 impl Project {
     fn new(edit: impl Fn(String) -> String) -> Project {
+        let p = Project::without_toolchain(edit);
+        std::os::unix::fs::symlink(repo().join(".toolchain"), p.path().join(".toolchain")).unwrap();
+        p
+    }
+
+    fn without_toolchain(edit: impl Fn(String) -> String) -> Project {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(&repo().join("kernels"), &dir.path().join("kernels"));
         let manifest = std::fs::read_to_string(repo().join("aot-manifest.toml")).unwrap();
-        std::fs::write(dir.path().join("aot-manifest.toml"), edit(manifest)).unwrap();
-        std::fs::copy(
-            repo().join("aot-manifest.lock"),
-            dir.path().join("aot-manifest.lock"),
+        std::fs::write(
+            dir.path().join("aot-manifest.toml"),
+            edit(pipeline_modules_only(&manifest)),
         )
         .unwrap();
+        let mut lock = Lock::from_path(&repo().join("aot-manifest.lock")).unwrap();
+        lock.modules
+            .retain(|m| PIPELINE_MODULES.contains(&m.name.as_str()));
+        std::fs::write(dir.path().join("aot-manifest.lock"), lock.to_toml_string()).unwrap();
         Project { dir }
     }
 
@@ -76,6 +90,27 @@ impl Project {
     fn build(&self, targets: &[&str]) -> Result<aot_build::BuildOutput, BuildError> {
         self.build_with(&self.config(targets), Some(&toolchain_home()))
     }
+}
+
+/// The modules these tests build: the pipeline is the same for every module, so the small
+/// original three keep the tests fast however many kernels the crate grows.
+const PIPELINE_MODULES: [&str; 3] = ["rmsnorm", "rotary", "activation"];
+
+/// The manifest text with every `[[module]]` outside [`PIPELINE_MODULES`] removed.
+fn pipeline_modules_only(manifest: &str) -> String {
+    let mut parts = manifest.split("\n[[module]]");
+    let mut out = parts.next().unwrap_or_default().to_string();
+    for block in parts {
+        let name = block
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name = "))
+            .map(|n| n.trim_matches('"'));
+        if name.is_some_and(|n| PIPELINE_MODULES.contains(&n)) {
+            out.push_str("\n[[module]]");
+            out.push_str(block);
+        }
+    }
+    out
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -213,21 +248,36 @@ fn hand_edited_lock_hash_gives_a_readable_diff() {
     let p = Project::new(|m| m);
     let lock_path = p.path().join("aot-manifest.lock");
     let mut lock = fatbin_verify::lock::Lock::from_path(&lock_path).unwrap();
-    let image = lock.modules[1]
-        .images
-        .iter_mut()
-        .find(|i| i.target == Target::sass(90))
-        .unwrap();
-    let real = image.sha256.clone();
-    image.sha256 = "0".repeat(64);
+    // One image of each toolchain: the diff names module, target and toolchain.
+    let mut real = Vec::new();
+    for (module, toolchain) in [(1, CU13), (2, CU12)] {
+        let image = lock.modules[module]
+            .images
+            .iter_mut()
+            .find(|i| (i.toolchain, i.target) == (toolchain, Target::sass(90)))
+            .unwrap();
+        real.push(image.sha256.clone());
+        image.sha256 = "0".repeat(64);
+    }
     std::fs::write(&lock_path, lock.to_toml_string()).unwrap();
     let err = err_text(p.build(&["sm_90"]));
-    assert!(err.contains("1 difference(s) from the lock"), "{err}");
+    assert!(err.contains("2 difference(s) from the lock"), "{err}");
+    let zeros = "0".repeat(64);
     assert!(
-        err.contains(&format!("rotary sm_90: lock sha256 {} ", "0".repeat(64))),
+        err.contains(&format!(
+            "rotary sm_90 (CUDA 13.0): lock sha256 {zeros} (14"
+        )) || err.contains(&format!("rotary sm_90 (CUDA 13.0): lock sha256 {zeros} ")),
         "{err}"
     );
-    assert!(err.contains(&format!("build sha256 {real}")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "activation sm_90 (CUDA 12.9): lock sha256 {zeros} "
+        )),
+        "{err}"
+    );
+    for sha in real {
+        assert!(err.contains(&format!("build sha256 {sha}")), "{err}");
+    }
 }
 
 #[test]
@@ -285,7 +335,7 @@ fn toolchain_without_sm_110_is_rejected_naming_the_target() {
 
 #[test]
 fn no_toolchain_says_the_install_command() {
-    let p = Project::new(|m| m);
+    let p = Project::without_toolchain(|m| m);
     let config = p.config(&[]);
     let env = |k: &str| (k == "PATH").then(|| "/nonexistent".to_string());
     let err = aot_build::run(&config, &env, &|_| {})
@@ -319,7 +369,7 @@ fn other_toolchain_reports_the_lock_as_not_applicable_and_leaves_it() {
     assert_eq!(
         out.lock_status,
         LockStatus::NotApplicable {
-            toolchain: "13.0.99".into(),
+            toolchain: "nvcc 13.0.99".into(),
             pinned: "13.0.88".into()
         }
     );
@@ -340,12 +390,14 @@ fn other_toolchain_reports_the_lock_as_not_applicable_and_leaves_it() {
 fn cache_recompiles_only_the_changed_module() {
     let p = Project::new(|m| m);
     let first = p.build(&["sm_90"]).unwrap();
-    // Every module x (its sm_90 or sm_90a image + compute_80).
-    let images = 2 * first.modules.len();
-    assert_eq!((first.compiled, first.cached), (images, 0));
+    assert_eq!(
+        (first.compiled, first.cached),
+        (12, 0),
+        "3 modules x 2 toolchains x (sm_90 + compute_80)"
+    );
     assert_eq!(first.lock_status, LockStatus::Verified { partial: true });
     let again = p.build(&["sm_90"]).unwrap();
-    assert_eq!((again.compiled, again.cached), (0, images));
+    assert_eq!((again.compiled, again.cached), (0, 12));
 
     let src = p.path().join("kernels/rotary/rotary_neox.cu");
     let text = std::fs::read_to_string(&src).unwrap();
@@ -371,7 +423,7 @@ fn cache_recompiles_only_the_changed_module() {
     let after = (names("rmsnorm"), names("rotary"), names("activation"));
     assert_eq!(before.0, after.0);
     assert_eq!(before.2, after.2);
-    assert_eq!(after.1.len(), 2);
+    assert_eq!(after.1.len(), 4, "{after:?}");
     assert!(
         after.1.iter().all(|n| !before.1.contains(n)),
         "rotary was recompiled: {before:?} -> {after:?}"
@@ -385,15 +437,35 @@ fn two_builds_in_different_folders_give_identical_images_equal_to_the_lock() {
     let (a, b) = (pa.build(&targets).unwrap(), pb.build(&targets).unwrap());
     let lock = fatbin_verify::lock::Lock::from_path(&repo().join("aot-manifest.lock")).unwrap();
     for (ma, mb) in a.modules.iter().zip(&b.modules) {
-        assert_eq!(ma.images.len(), 3);
+        // CUDA 13.0: sm_87 sm_110 compute_80; CUDA 12.9 (no sm_110): sm_87 compute_80.
+        let built: Vec<String> = ma
+            .images
+            .iter()
+            .map(|i| format!("{}:{}", i.toolchain, i.target))
+            .collect();
+        assert_eq!(
+            built,
+            [
+                "13.0:sm_87",
+                "13.0:sm_110",
+                "13.0:compute_80",
+                "12.9:sm_87",
+                "12.9:compute_80"
+            ]
+        );
         for (ia, ib) in ma.images.iter().zip(&mb.images) {
             assert_eq!(
-                (ia.target, &ia.sha256),
-                (ib.target, &ib.sha256),
+                (ia.toolchain, ia.target, &ia.sha256),
+                (ib.toolchain, ib.target, &ib.sha256),
                 "{} differs between builds",
                 ma.name
             );
-            assert_eq!(lock.image(&ma.name, ia.target).unwrap().sha256, ia.sha256);
+            assert_eq!(
+                lock.image(&ma.name, ia.toolchain, ia.target)
+                    .unwrap()
+                    .sha256,
+                ia.sha256
+            );
         }
         assert_eq!(
             std::fs::read(&ma.fatbin).unwrap(),
@@ -442,15 +514,37 @@ fn per_module_arch_specific_and_family_targets_keep_the_ptx_fallback() {
         .iter()
         .map(|i| i.target.to_string())
         .collect();
-    assert_eq!(targets, ["sm_90a", "sm_100f", "compute_80"]);
-    // Read back from the fatbin: the variant comes from the entry's flags.
+    // CUDA 12.9 builds the module's own targets too (both SMs are in its list).
+    assert_eq!(
+        targets,
+        [
+            "sm_90a",
+            "sm_100f",
+            "compute_80",
+            "sm_90a",
+            "sm_100f",
+            "compute_80"
+        ]
+    );
+    // Read back from the fatbin: the variant comes from the entry's flags, the toolchain from
+    // the image (ELF ABI 8 / 7, PTX ISA 9.0 / 8.8).
     let bytes = std::fs::read(&activation.fatbin).unwrap();
     let listed: Vec<String> = fatbin_verify::list_images(&bytes)
         .unwrap()
         .iter()
-        .map(|i| i.target.unwrap().to_string())
+        .map(|i| format!("{}:{}", i.cuda.unwrap().major, i.target.unwrap()))
         .collect();
-    assert_eq!(listed, ["sm_90a", "sm_100f", "compute_80"]);
+    assert_eq!(
+        listed,
+        [
+            "13:sm_90a",
+            "13:sm_100f",
+            "13:compute_80",
+            "12:sm_90a",
+            "12:sm_100f",
+            "12:compute_80"
+        ]
+    );
 }
 
 #[test]
@@ -461,4 +555,103 @@ fn nvcc_environment_flags_do_not_reach_the_compiler() {
     std::env::set_var("NVCC_APPEND_FLAGS", "--no-such-nvcc-flag");
     let out = Project::new(|m| m).build(&["sm_90"]).unwrap();
     assert_eq!(out.lock_status, LockStatus::Verified { partial: true });
+}
+
+#[test]
+fn cuda12_images_read_back_as_cuda12_and_equal_the_lock() {
+    let p = Project::new(|m| m);
+    let out = p.build(&["sm_90"]).unwrap();
+    assert_eq!(out.lock_status, LockStatus::Verified { partial: true });
+    assert_eq!(out.extra_toolchains.len(), 1);
+    assert_eq!(out.extra_toolchains[0].version, "12.9.86");
+    assert!(!out.extra_toolchains[0].sm_list.contains(&110));
+    for m in &out.modules {
+        let bytes = std::fs::read(&m.fatbin).unwrap();
+        let listed = fatbin_verify::list_images(&bytes).unwrap();
+        // Two containers (one per toolchain) back to back in the module's file.
+        let containers: std::collections::BTreeSet<_> =
+            listed.iter().map(|i| i.source.container_offset).collect();
+        assert_eq!(containers.len(), 2, "{}", m.name);
+        for (built, info) in m.images.iter().zip(&listed) {
+            assert_eq!(
+                fatbin_verify::sha256_hex(&info.sha256),
+                built.sha256,
+                "{}",
+                m.name
+            );
+            assert_eq!(info.raw_range.as_ref().unwrap().start, built.offset);
+            let cuda = info.cuda.unwrap();
+            assert!(cuda.matches(&built.toolchain), "{} {cuda}", m.name);
+            if built.toolchain == CU12 {
+                // ptxas 12.x writes ELF ABI 7; NVRTC 12.9 PTX is ISA 8.8. (fatbinary blanks the
+                // PTX header comments that name the release, so the major is what is left.)
+                // (sm_90 only here: ptxas 12.9 writes ABI 8 from sm_100 on.)
+                match built.target.virtual_arch {
+                    false => assert_eq!(info.elf_abi, Some(7), "{}", m.name),
+                    true => assert_eq!(info.ptx_version, Some((8, 8))),
+                }
+                assert_eq!(info.cuda, Some(CudaRelease::major_only(12)));
+            } else {
+                match built.target.virtual_arch {
+                    false => assert_eq!(info.elf_abi, Some(8), "{}", m.name),
+                    true => assert_eq!(info.ptx_version, Some((9, 0))),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda12_only_compile_errors_and_warnings_name_the_toolchain() {
+    // NVRTC defines __CUDACC_VER_MAJOR__ 12: these lines reach CUDA 12.9 only.
+    for (inject, needle) in [
+        ("undeclared_name += 1;", "undeclared_name"),
+        ("int unused_variable = 3;", "unused_variable"),
+    ] {
+        let p = Project::new(|m| m);
+        let src = p.path().join("kernels/activation/silu_and_mul.cu");
+        let text = std::fs::read_to_string(&src).unwrap();
+        std::fs::write(
+            &src,
+            text.replace(
+                "const int64_t row = blockIdx.y;",
+                &format!("const int64_t row = blockIdx.y;\n#if __CUDACC_VER_MAJOR__ == 12\n{inject}\n#endif\n"),
+            ),
+        )
+        .unwrap();
+        let err = err_text(p.build(&["sm_90"]));
+        assert!(
+            err.contains("module activation: kernels/activation/silu_and_mul.cu failed to compile for sm_90 with CUDA 12.9"),
+            "{err}"
+        );
+        assert!(err.contains(needle), "NVRTC's own message is shown: {err}");
+    }
+}
+
+#[test]
+fn missing_extra_toolchain_says_the_install_command() {
+    let p = Project::without_toolchain(|m| m);
+    let err = err_text(p.build(&["sm_90"]));
+    assert!(
+        err.contains("the CUDA 12.9 toolchain of") && err.contains("is not installed"),
+        "{err}"
+    );
+    assert!(err.contains("bash scripts/setup-toolchain.sh"), "{err}");
+}
+
+#[test]
+fn extra_toolchain_target_it_cannot_build_is_rejected_naming_the_key() {
+    // NVRTC 12.9 has no sm_110 (Thor is sm_101 there).
+    let p = Project::new(|m| {
+        m.replace(
+            "sass = [\"sm_80\", \"sm_86\", \"sm_87\", \"sm_89\", \"sm_90\", \"sm_100\", \"sm_103\", \"sm_120\", \"sm_121\"]",
+            "sass = [\"sm_90\", \"sm_110\"]",
+        )
+    });
+    let err = err_text(p.build(&["sm_90"]));
+    assert!(
+        err.contains("extra_toolchain[0] (12.9).sass: NVRTC 12.9.86")
+            && err.contains("cannot build `sm_110`"),
+        "{err}"
+    );
 }

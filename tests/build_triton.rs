@@ -2,7 +2,12 @@
 //! project: the committed PTX is assembled into the cubins Triton itself made, and every way the
 //! committed files can go stale or be tampered with fails naming the file and `make triton`.
 //!
-//! Needs the pinned toolchain (`bash scripts/setup-toolchain.sh`), like build_pipeline.rs.
+//! The copies keep only the Triton modules of the manifest (the CUDA modules go through the same
+//! pipeline, which build_pipeline.rs tests on its own fixture modules), and its
+//! `[[extra_toolchain]]`: that toolchain builds `kind = "cuda"` modules only, so the Triton
+//! modules get CUDA 13 images alone.
+//!
+//! Needs the pinned toolchains (`bash scripts/setup-toolchain.sh`), like build_pipeline.rs.
 
 #[path = "../build/mod.rs"]
 #[allow(dead_code)]
@@ -11,21 +16,50 @@ mod aot_build;
 use std::path::{Path, PathBuf};
 
 use aot_build::{BuildError, Config, LockStatus};
+use fatbin_verify::lock::Lock;
+use fatbin_verify::CudaRelease;
 use sha2::{Digest, Sha256};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A throw-away copy of the project's kernels, manifest and lock, edited by `edit`.
+/// A throw-away copy of the project's kernels, its manifest and lock cut to the Triton modules,
+/// and a link to its `.toolchain/` (the extra toolchains are found there only), edited by `edit`.
 fn project(edit: impl Fn(&Path)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     copy_dir(&repo().join("kernels"), &dir.path().join("kernels"));
-    for f in ["aot-manifest.toml", "aot-manifest.lock"] {
-        std::fs::copy(repo().join(f), dir.path().join(f)).unwrap();
-    }
+    let manifest = std::fs::read_to_string(repo().join("aot-manifest.toml")).unwrap();
+    let (manifest, names) = triton_modules_only(&manifest);
+    assert!(names.len() >= 8, "{names:?}");
+    std::fs::write(dir.path().join("aot-manifest.toml"), manifest).unwrap();
+    let mut lock = Lock::from_path(&repo().join("aot-manifest.lock")).unwrap();
+    lock.modules.retain(|m| names.contains(&m.name));
+    std::fs::write(dir.path().join("aot-manifest.lock"), lock.to_toml_string()).unwrap();
+    std::os::unix::fs::symlink(repo().join(".toolchain"), dir.path().join(".toolchain")).unwrap();
     edit(dir.path());
     dir
+}
+
+/// The manifest text with every `[[module]]` but the `kind = "triton"` ones removed, and their names.
+fn triton_modules_only(manifest: &str) -> (String, Vec<String>) {
+    let mut parts = manifest.split("\n[[module]]");
+    let mut out = parts.next().unwrap_or_default().to_string();
+    let mut names = Vec::new();
+    for block in parts {
+        let field = |key: &str| {
+            block
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(key))
+                .map(|v| v.trim_matches('"').to_string())
+        };
+        if field("kind = ").as_deref() == Some("triton") {
+            names.extend(field("name = "));
+            out.push_str("\n[[module]]");
+            out.push_str(block);
+        }
+    }
+    (out, names)
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -76,16 +110,25 @@ fn thor_build_assembles_tritons_own_cubins_and_matches_the_lock() {
     let p = project(|_| {});
     let out = build(p.path(), &["sm_110"]).unwrap();
     assert_eq!(out.lock_status, LockStatus::Verified { partial: true });
-    let triton: Vec<_> = out
-        .modules
-        .iter()
-        .filter(|m| repo().join(GENERATED).join(&m.name).is_dir())
-        .collect();
-    assert!(triton.len() >= 8, "{} Triton modules", triton.len());
-    for m in triton {
+    // The manifest's CUDA 12.9 toolchain was found, and built nothing for these modules.
+    assert_eq!(out.extra_toolchains.len(), 1);
+    assert!(
+        out.modules.len() >= 8,
+        "{} Triton modules",
+        out.modules.len()
+    );
+    for m in &out.modules {
+        assert!(repo().join(GENERATED).join(&m.name).is_dir(), "{}", m.name);
         let targets: Vec<String> = m.images.iter().map(|i| i.target.to_string()).collect();
         // `sm_110` admits the arch-specific image Triton makes; the PTX fallback is always there.
         assert_eq!(targets, ["sm_110a", "compute_80"], "{}", m.name);
+        assert!(
+            m.images
+                .iter()
+                .all(|i| i.toolchain == CudaRelease::new(13, 0)),
+            "{}: CUDA 13 images only",
+            m.name
+        );
         assert_eq!(m.images[1].ptx_version, Some((9, 0)), "{}", m.name);
         let listed = fatbin_verify::list_images(&std::fs::read(&m.fatbin).unwrap()).unwrap();
         assert!(
@@ -187,4 +230,44 @@ fn a_cubin_that_is_not_tritons_own_is_refused() {
             && err.contains("Triton's own was 0000"),
         "{err}"
     );
+}
+
+#[test]
+fn the_manifest_and_the_lock_give_triton_modules_cuda13_images_only() {
+    // The extra (CUDA 12.9) toolchain builds `cuda` modules only: the Triton PTX is ISA 9.0.
+    let manifest =
+        fatbin_verify::manifest::Manifest::from_path(&repo().join("aot-manifest.toml")).unwrap();
+    assert!(!manifest.extra_toolchains.is_empty());
+    let lock = Lock::from_path(&repo().join("aot-manifest.lock")).unwrap();
+    let triton: Vec<_> = manifest
+        .modules
+        .iter()
+        .filter(|m| m.kind == fatbin_verify::manifest::ModuleKind::Triton)
+        .collect();
+    assert!(triton.len() >= 8);
+    for module in triton {
+        let images = manifest.module_images(module);
+        assert!(
+            images
+                .iter()
+                .all(|(cuda, _)| *cuda == manifest.toolchain.cuda),
+            "{}: {images:?}",
+            module.name
+        );
+        let locked = lock
+            .modules
+            .iter()
+            .find(|m| m.name == module.name)
+            .unwrap_or_else(|| panic!("{} is not in the lock", module.name));
+        // Every SASS target of the module plus the PTX fallback, all CUDA 13.0.
+        assert_eq!(locked.images.len(), images.len(), "{}", module.name);
+        assert!(
+            locked
+                .images
+                .iter()
+                .all(|i| i.toolchain == CudaRelease::new(13, 0)),
+            "{}",
+            module.name
+        );
+    }
 }

@@ -6,14 +6,14 @@
 //! machine without Rust, `bash scripts/gpu-bundle.sh` here and `bash .gpu-bundle/run.sh` there.
 
 mod common;
-use common::ptx_with_version;
+use common::{cuda12, cuda13, ptx_with_version};
 
 use aot_kernels::dispatch::driver::{load_image, open_device, OpenDevice};
 use aot_kernels::dispatch::{
-    load_all, load_modules, translate, DispatchError, ImageBytes, LoadReport, ModuleSource, Policy,
-    Reason,
+    load_all, load_all_from_env, load_modules, translate, DispatchError, ImageBytes, LoadReport,
+    ModuleReport, ModuleSource, Policy, Reason, ToolchainChoice, Version, TOOLCHAIN_ENV,
 };
-use aot_kernels::registry;
+use aot_kernels::registry::{self, ModuleKind};
 use cudarc::driver::sys::CUresult;
 use fatbin_verify::Target;
 
@@ -34,15 +34,36 @@ fn print(report: &LoadReport) {
     eprintln!("{}", report.to_table());
 }
 
+/// The driver's own view of every entry of a module JIT-compiled from compute_80 PTX: the PTX
+/// it came from is 80 and the SASS that runs is this GPU's (`sm`).
+fn assert_jitted_from_compute_80(m: &ModuleReport, sm: i32) {
+    for e in &m.entries {
+        assert_eq!(
+            (e.attributes.ptx_version, e.attributes.binary_version),
+            (80, sm),
+            "{}::{}",
+            m.module,
+            e.entry
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_auto_loads_exact_sass_for_every_module() {
     let d = gpu("gpu_auto_loads_exact_sass_for_every_module");
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    // The newest toolchain this driver accepts: CUDA 13 on a 13.x driver, CUDA 12 below, where
+    // the Triton modules (CUDA 13 only) have no image and only the CUDA modules load.
+    let (newest, modules) = if d.spec.driver >= Version::new(13, 0) {
+        (cuda13(), ModuleSource::registry())
+    } else {
+        (cuda12(), ModuleSource::registry_of_kind(ModuleKind::Cuda))
+    };
+    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
     print(k.report());
     let want = exact_sass(&d);
     let sm = d.spec.capability.sm() as i32;
-    assert_eq!(k.report().modules.len(), registry::modules().len());
+    assert_eq!(k.report().modules.len(), modules.len());
     for m in &k.report().modules {
         // This GPU's SASS: `sm_90`, or `sm_90a` for the Triton modules.
         assert!(
@@ -51,6 +72,7 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
             m.module,
             m.target
         );
+        assert_eq!(m.toolchain, newest, "{}", m.module);
         assert_eq!(
             (m.reason, m.jit),
             (Reason::ExactSass, false),
@@ -73,21 +95,13 @@ fn gpu_ptx_only_jits_compute_80_for_every_module() {
     let sm = d.spec.capability.sm() as i32;
     for m in &k.report().modules {
         assert_eq!(m.target, Target::ptx(80), "{}", m.module);
+        assert_eq!(m.toolchain, cuda13(), "{}: the newest PTX", m.module);
         assert!(
             m.jit && matches!(m.reason, Reason::PtxJit { forced: true, .. }),
             "{}",
             m.module
         );
-        for e in &m.entries {
-            // JIT-compiled from compute_80 into this GPU's SASS.
-            assert_eq!(
-                (e.attributes.ptx_version, e.attributes.binary_version),
-                (80, sm),
-                "{}::{}",
-                m.module,
-                e.entry
-            );
-        }
+        assert_jitted_from_compute_80(m, sm);
     }
 }
 
@@ -157,7 +171,8 @@ fn gpu_ptx_newer_than_the_driver_is_refused_by_our_check_and_by_the_driver() {
 fn gpu_tampered_image_is_refused_before_loading() {
     let d = gpu("gpu_tampered_image_is_refused_before_loading");
     let want = exact_sass(&d);
-    let mut m = ModuleSource::from_record(registry::module("rmsnorm").unwrap());
+    let mut m = ModuleSource::from_record(registry::module("rmsnorm").unwrap())
+        .with_toolchains(ToolchainChoice::Major(cuda13().major));
     let img = m.images.iter_mut().find(|i| i.target == want).unwrap();
     let mut bytes = img.bytes.as_slice().to_vec();
     let mid = bytes.len() / 2;
@@ -232,5 +247,107 @@ fn gpu_load_times_sass_and_jit() {
         sass.report().total_load_us(),
         ptx.report().total_load_us(),
         sass.report().total_hash_us() + ptx.report().total_hash_us()
+    );
+}
+
+/// The CUDA modules limited to the CUDA 12 images: what an r525..r575 driver would be offered
+/// (the Triton modules have none: they are built with CUDA 13 only).
+fn cuda12_registry() -> Vec<ModuleSource> {
+    let modules: Vec<_> = ModuleSource::registry_of_kind(ModuleKind::Cuda)
+        .into_iter()
+        .map(|m| m.with_toolchains(ToolchainChoice::Major(12)))
+        .collect();
+    assert!(
+        modules
+            .iter()
+            .all(|m| !m.images.is_empty() && m.images.iter().all(|i| i.toolchain == cuda12())),
+        "the registry carries CUDA 12 images for every CUDA module"
+    );
+    modules
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
+    let d = gpu("gpu_forced_cuda12_loads_cuda12_sass_for_every_module");
+    let modules = cuda12_registry();
+    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+    print(k.report());
+    let (want, sm) = (exact_sass(&d), d.spec.capability.sm() as i32);
+    assert_eq!(k.report().modules.len(), modules.len());
+    for m in &k.report().modules {
+        assert_eq!(
+            (m.target, m.toolchain, m.reason, m.jit),
+            (want, cuda12(), Reason::ExactSass, false),
+            "{}",
+            m.module
+        );
+        assert_eq!(m.min_driver, Version::new(12, 0), "{}", m.module);
+        for e in &m.entries {
+            // The driver loaded the CUDA 12 cubin (ELF ABI 7) as this GPU's SASS, no JIT.
+            assert_eq!(e.attributes.binary_version, sm, "{}::{}", m.module, e.entry);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module() {
+    let d = gpu("gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module");
+    let k = load_modules(&d, 0, Policy::PtxOnly, &cuda12_registry()).unwrap();
+    print(k.report());
+    let sm = d.spec.capability.sm() as i32;
+    for m in &k.report().modules {
+        assert_eq!(
+            (m.target, m.toolchain),
+            (Target::ptx(80), cuda12()),
+            "{}",
+            m.module
+        );
+        assert_eq!(
+            m.reason,
+            Reason::PtxJit {
+                isa: (8, 8),
+                min_driver: Version::new(12, 9),
+                forced: true
+            },
+            "{}",
+            m.module
+        );
+        assert_jitted_from_compute_80(m, sm);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
+fn gpu_toolchain_environment_switch_forces_cuda12() {
+    gpu("gpu_toolchain_environment_switch_forces_cuda12");
+    // run.sh runs tests one at a time (--test-threads=1): the variable is this test's alone.
+    std::env::set_var(TOOLCHAIN_ENV, "cuda12");
+    let forced = load_all_from_env();
+    std::env::set_var(TOOLCHAIN_ENV, "cuda99");
+    let bogus = load_all_from_env();
+    std::env::remove_var(TOOLCHAIN_ENV);
+    let k = forced.unwrap();
+    print(k.report());
+    assert!(k.report().modules.iter().all(|m| m.toolchain == cuda12()));
+    // Every CUDA module loaded; the Triton modules (no CUDA 12 images) were left out.
+    let loaded: Vec<&str> = k
+        .report()
+        .modules
+        .iter()
+        .map(|m| m.module.as_str())
+        .collect();
+    let cuda: Vec<&str> = registry::modules()
+        .iter()
+        .filter(|m| m.kind == ModuleKind::Cuda)
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(loaded, cuda);
+    // A major the registry has no images of: every module errs, naming what is there.
+    let err = bogus.unwrap_err();
+    assert!(
+        matches!(err, DispatchError::NoImage { .. }) && err.to_string().contains("present [none]"),
+        "{err}"
     );
 }

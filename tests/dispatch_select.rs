@@ -2,10 +2,12 @@
 //! Pure; runs without a GPU (CI).
 
 use aot_kernels::dispatch::select::{max_ptx_isa_for_driver, min_driver_for_ptx_isa};
-use aot_kernels::dispatch::{select_image, DeviceSpec, ImageCandidate, Policy, Reason, Version};
-use fatbin_verify::Target;
+use aot_kernels::dispatch::{
+    min_driver_for_image, select_image, DeviceSpec, ImageCandidate, Policy, Reason, Version,
+};
+use fatbin_verify::{CudaRelease, Target};
 
-const DRIVERS: [&str; 4] = ["12.4", "12.8", "13.0", "13.1"];
+const DRIVERS: [&str; 7] = ["12.0", "12.4", "12.6", "12.8", "12.9", "13.0", "13.1"];
 
 fn v(s: &str) -> Version {
     s.parse().unwrap()
@@ -19,10 +21,15 @@ fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
     }
 }
 
-/// `"sm_80 sm_90a compute_80@9.0"`: SASS by name, PTX with its `.version` after `@`.
+/// `"sm_80 sm_90a compute_80@9.0 12.9/sm_87"`: SASS by name, PTX with its `.version` after `@`,
+/// made by CUDA 13.0 unless a `RELEASE/` prefix names another toolchain.
 fn images(spec: &str) -> Vec<ImageCandidate> {
     spec.split_whitespace()
         .map(|item| {
+            let (toolchain, item) = match item.split_once('/') {
+                Some((t, rest)) => (t.parse::<CudaRelease>().unwrap(), rest),
+                None => (CudaRelease::new(13, 0), item),
+            };
             let (name, isa) = match item.split_once('@') {
                 Some((n, isa)) => {
                     let (a, b) = isa.split_once('.').unwrap();
@@ -33,16 +40,19 @@ fn images(spec: &str) -> Vec<ImageCandidate> {
             ImageCandidate {
                 target: name.parse::<Target>().unwrap(),
                 ptx_version: isa,
+                toolchain,
             }
         })
         .collect()
 }
 
-/// What the manifest builds today: ten SASS targets and compute_80 PTX from nvcc 13.0 (ISA 9.0).
-const FULL: &str =
-    "sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_103 sm_110 sm_120 sm_121 compute_80@9.0";
+/// What the manifest builds today: ten SASS targets and compute_80 PTX from nvcc 13.0 (ISA 9.0),
+/// and the same but sm_110 from NVRTC 12.9 (ISA 8.8).
+const FULL: &str = "sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_103 sm_110 sm_120 sm_121 compute_80@9.0 \
+     12.9/sm_80 12.9/sm_86 12.9/sm_87 12.9/sm_89 12.9/sm_90 12.9/sm_100 12.9/sm_103 12.9/sm_120 12.9/sm_121 12.9/compute_80@8.8";
 
-/// Expected outcome: `Ok(target)` or `Err(substring of the message)`.
+/// Expected outcome: `Ok(target)` (`12.9/` prefixed when not CUDA 13.0's) or `Err(substring of
+/// the message)`.
 type Want = Result<&'static str, &'static str>;
 
 fn check(device: DeviceSpec, policy: Policy, imgs: &str, want: Want) {
@@ -50,11 +60,20 @@ fn check(device: DeviceSpec, policy: Policy, imgs: &str, want: Want) {
     let got = select_image(&device, policy, &cands);
     match (&got, want) {
         (Ok(sel), Ok(t)) => {
-            assert_eq!(sel.target.to_string(), t, "{device} {policy} [{imgs}]");
+            let name = if sel.toolchain == CudaRelease::new(13, 0) {
+                sel.target.to_string()
+            } else {
+                format!("{}/{}", sel.toolchain, sel.target)
+            };
+            assert_eq!(name, t, "{device} {policy} [{imgs}]");
+            let chosen = cands[sel.index];
             assert_eq!(
-                cands[sel.index].target, sel.target,
+                (chosen.target, chosen.toolchain),
+                (sel.target, sel.toolchain),
                 "index points at the chosen image"
             );
+            assert_eq!(Ok(sel.min_driver), min_driver_for_image(&chosen));
+            assert!(sel.min_driver <= device.driver, "{device}: {sel:?}");
         }
         (Err(e), Err(needle)) => {
             let msg = e.to_string();
@@ -68,26 +87,140 @@ fn check(device: DeviceSpec, policy: Policy, imgs: &str, want: Want) {
 }
 
 #[test]
-fn full_registry_gives_exact_sass_everywhere_it_is_built_on_every_driver() {
-    let rows: &[(&str, bool, &str)] = &[
-        ("8.0", false, "sm_80"),
-        ("8.6", false, "sm_86"),
-        ("8.7", true, "sm_87"),
-        ("8.9", false, "sm_89"),
-        ("9.0", false, "sm_90"),
-        ("10.0", false, "sm_100"),
-        ("10.3", false, "sm_103"),
-        ("11.0", true, "sm_110"),
-        ("12.0", false, "sm_120"),
-        ("12.1", false, "sm_121"),
+fn full_registry_on_every_driver_and_capability() {
+    // Columns: drivers 12.0, 12.4, 12.6, 12.8, 12.9, 13.0, 13.1. A 12.x driver cannot run CUDA 13
+    // output, so it gets CUDA 12.9's SASS; 13.x drivers get CUDA 13.0's. Thor (11.0) has no
+    // CUDA 12 SASS: on 12.x only CUDA 12.9's PTX, which needs a 12.9 driver.
+    const C12: &str = "CUDA 12 SASS";
+    let rows: &[(&str, bool, [&str; 7])] = &[
+        ("8.0", false, [C12, C12, C12, C12, C12, "sm_80", "sm_80"]),
+        ("8.7", true, [C12, C12, C12, C12, C12, "sm_87", "sm_87"]),
+        ("8.9", false, [C12, C12, C12, C12, C12, "sm_89", "sm_89"]),
+        ("9.0", false, [C12, C12, C12, C12, C12, "sm_90", "sm_90"]),
+        ("10.0", false, [C12, C12, C12, C12, C12, "sm_100", "sm_100"]),
+        (
+            "11.0",
+            true,
+            [
+                "ERR",
+                "ERR",
+                "ERR",
+                "ERR",
+                "12.9/compute_80",
+                "sm_110",
+                "sm_110",
+            ],
+        ),
+        ("12.0", false, [C12, C12, C12, C12, C12, "sm_120", "sm_120"]),
+        ("12.1", false, [C12, C12, C12, C12, C12, "sm_121", "sm_121"]),
     ];
-    for &(cap, integrated, want) in rows {
-        for driver in DRIVERS {
+    for &(cap, integrated, wants) in rows {
+        let exact_cu12 = format!("12.9/sm_{}", v(cap).sm());
+        for (driver, want) in DRIVERS.iter().zip(wants) {
             let d = dev(cap, integrated, driver);
-            check(d, Policy::Auto, FULL, Ok(want));
-            check(d, Policy::SassOnly, FULL, Ok(want));
-            let sel = select_image(&d, Policy::Auto, &images(FULL)).unwrap();
-            assert_eq!(sel.reason, Reason::ExactSass);
+            let want: Want = match want {
+                C12 => Ok(exact_cu12.clone().leak()),
+                "ERR" => Err("needs driver >= 12.9. Update the NVIDIA driver"),
+                t => Ok(t),
+            };
+            check(d, Policy::Auto, FULL, want);
+            let sel = select_image(&d, Policy::Auto, &images(FULL));
+            if let Ok(sel) = sel {
+                if !sel.target.virtual_arch {
+                    assert_eq!(sel.reason, Reason::ExactSass, "{d}");
+                    check(d, Policy::SassOnly, FULL, want);
+                    // SASS needs its toolkit's major: 12.0 for CUDA 12, 13.0 for CUDA 13.
+                    assert_eq!(sel.min_driver, Version::new(sel.toolchain.major, 0));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn ptx_only_takes_the_newest_ptx_the_driver_knows() {
+    for (driver, want) in [
+        ("12.0", Err("needs driver >= 12.9")),
+        (
+            "12.8",
+            Err("compute_80 (CUDA 12.9, PTX 8.8) has PTX ISA 8.8, which needs driver >= 12.9"),
+        ),
+        ("12.9", Ok("12.9/compute_80")),
+        ("13.0", Ok("compute_80")),
+        ("13.1", Ok("compute_80")),
+    ] {
+        check(dev("9.0", false, driver), Policy::PtxOnly, FULL, want);
+    }
+}
+
+#[test]
+fn the_newest_toolchain_the_driver_accepts_wins_among_equals() {
+    let rows: &[(&str, &str, &str, Want)] = &[
+        ("9.0", "13.0", "12.9/sm_90 sm_90", Ok("sm_90")),
+        ("9.0", "12.9", "12.9/sm_90 sm_90", Ok("12.9/sm_90")),
+        // Exact SASS of an older toolchain beats compatible SASS or PTX of a newer one.
+        ("8.9", "13.0", "sm_86 12.9/sm_89", Ok("12.9/sm_89")),
+        ("9.0", "13.0", "12.9/sm_90 compute_80@9.0", Ok("12.9/sm_90")),
+        // Compatible SASS: the nearest minor first, then the newest toolchain.
+        ("8.9", "13.0", "12.9/sm_86 sm_86 12.9/sm_80", Ok("sm_86")),
+        (
+            "8.9",
+            "12.6",
+            "12.9/sm_86 sm_86 12.9/sm_80",
+            Ok("12.9/sm_86"),
+        ),
+        // PTX: the highest architecture the driver can load, then the newest toolchain.
+        (
+            "9.0",
+            "13.0",
+            "12.9/compute_80@8.8 compute_80@9.0",
+            Ok("compute_80"),
+        ),
+        (
+            "9.0",
+            "12.9",
+            "12.9/compute_80@8.8 compute_80@9.0",
+            Ok("12.9/compute_80"),
+        ),
+        (
+            "9.0",
+            "12.9",
+            "12.9/compute_80@8.8 compute_90@9.0",
+            Ok("12.9/compute_80"),
+        ),
+        // CUDA 13 output needs a 13.x driver even where its PTX ISA alone would not.
+        ("9.0", "12.9", "compute_80@8.8", Err("needs driver >= 13.0")),
+        (
+            "9.0",
+            "12.9",
+            "sm_90",
+            Err("sm_90 (CUDA 13.0) needs driver >= 13.0"),
+        ),
+    ];
+    for &(cap, driver, imgs, want) in rows {
+        check(dev(cap, false, driver), Policy::Auto, imgs, want);
+    }
+}
+
+#[test]
+fn min_driver_per_image() {
+    let rows: &[(&str, Result<&str, &str>)] = &[
+        ("sm_90", Ok("13.0")),
+        ("12.9/sm_90", Ok("12.0")),
+        ("12.9/sm_90a", Ok("12.0")),
+        ("12.9/compute_80@8.8", Ok("12.9")),
+        ("12.6/compute_80@8.5", Ok("12.5")),
+        ("compute_80@9.0", Ok("13.0")),
+        ("compute_80@9.1", Ok("13.1")),
+        ("compute_80", Err("no recorded .version")),
+        ("compute_80@9.9", Err("does not know")),
+    ];
+    for &(img, want) in rows {
+        let c = images(img)[0];
+        match (min_driver_for_image(&c), want) {
+            (Ok(got), Ok(w)) => assert_eq!(got, v(w), "{img}"),
+            (Err(e), Err(needle)) => assert!(e.contains(needle), "{img}: {e}"),
+            (got, want) => panic!("{img}: got {got:?}, want {want:?}"),
         }
     }
 }
@@ -119,12 +252,19 @@ fn future_gpu_takes_ptx_only_when_the_driver_knows_its_isa() {
         FULL,
         Ok("compute_80"),
     );
+    // A 12.9 driver takes CUDA 12.9's PTX (ISA 8.8); older ones know neither ISA.
+    check(
+        dev("13.0", false, "12.9"),
+        Policy::Auto,
+        FULL,
+        Ok("12.9/compute_80"),
+    );
     for driver in ["12.4", "12.8"] {
         check(
             dev("13.0", false, driver),
             Policy::Auto,
             FULL,
-            Err("needs driver >= 13.0"),
+            Err("needs driver >= 12.9"),
         );
     }
     // Never SASS across a major: sm_121 does not run on 13.0.
@@ -141,6 +281,7 @@ fn ptx_only_forces_the_fallback_and_sass_only_refuses_it() {
     let d = dev("9.0", false, "13.0");
     let sel = select_image(&d, Policy::PtxOnly, &images(FULL)).unwrap();
     assert_eq!(sel.target, Target::ptx(80));
+    assert_eq!(sel.toolchain, CudaRelease::new(13, 0));
     assert_eq!(
         sel.reason,
         Reason::PtxJit {
@@ -181,18 +322,24 @@ fn registries_with_fewer_targets() {
             "8.9",
             false,
             "12.4",
-            "sm_80 sm_86 compute_80@9.0",
-            Ok("sm_86"),
+            "12.9/sm_80 12.9/sm_86 12.9/compute_80@8.8",
+            Ok("12.9/sm_86"),
         ),
         (
             "8.7",
             false,
             "12.8",
-            "sm_80 sm_86 compute_80@9.0",
-            Ok("sm_86"),
+            "12.9/sm_80 12.9/sm_86 12.9/compute_80@8.8",
+            Ok("12.9/sm_86"),
         ),
-        ("10.3", false, "12.8", "sm_100 compute_80@9.0", Ok("sm_100")),
-        ("12.1", false, "12.8", "sm_120 compute_80@9.0", Ok("sm_120")),
+        (
+            "10.3",
+            false,
+            "12.8",
+            "12.9/sm_100 12.9/compute_80@8.8",
+            Ok("12.9/sm_100"),
+        ),
+        ("12.1", false, "13.0", "sm_120 compute_80@9.0", Ok("sm_120")),
         // Never a higher minor.
         (
             "8.0",
@@ -258,7 +405,7 @@ fn registries_with_fewer_targets() {
             false,
             "12.8",
             "sm_80 compute_80@9.0",
-            Err("present [sm_80, compute_80 (PTX 9.0)]"),
+            Err("present [CUDA 13.0: sm_80, compute_80 (PTX 9.0)]"),
         ),
         // Only PTX: 8.7 integrated without sm_87 takes PTX, never sm_80.
         (
@@ -337,17 +484,25 @@ fn arch_specific_and_family_variants() {
 fn ptx_isa_is_checked_against_the_driver() {
     let rows: &[(&str, &str, Want)] = &[
         // CUDA 12.6's ISA 8.5 needs 12.5: fine on 12.8, refused on 12.4.
-        ("12.8", "compute_80@8.5", Ok("compute_80")),
+        ("12.8", "12.6/compute_80@8.5", Ok("12.6/compute_80")),
         (
             "12.4",
-            "compute_80@8.5",
-            Err("compute_80 has PTX ISA 8.5, which needs driver >= 12.5"),
+            "12.6/compute_80@8.5",
+            Err("compute_80 (CUDA 12.6, PTX 8.5) has PTX ISA 8.5, which needs driver >= 12.5"),
         ),
         // The highest arch whose ISA the driver knows, not the highest arch.
-        ("12.8", "compute_80@8.5 compute_90@9.0", Ok("compute_80")),
-        ("13.0", "compute_80@8.5 compute_90@9.0", Ok("compute_90")),
-        ("13.0", "compute_80@9.1", Err("needs driver >= 13.1")),
-        ("13.1", "compute_80@9.1", Ok("compute_80")),
+        (
+            "12.8",
+            "12.6/compute_80@8.5 compute_90@9.0",
+            Ok("12.6/compute_80"),
+        ),
+        (
+            "13.0",
+            "12.6/compute_80@8.5 compute_90@9.0",
+            Ok("compute_90"),
+        ),
+        ("13.0", "13.1/compute_80@9.1", Err("needs driver >= 13.1")),
+        ("13.1", "13.1/compute_80@9.1", Ok("13.1/compute_80")),
         // An ISA newer than our table, or none recorded: refuse rather than guess.
         (
             "13.1",

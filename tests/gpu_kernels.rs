@@ -6,10 +6,11 @@
 //!
 //! For each op: fresh random inputs (the seed is printed), the kernel loaded from the exact SASS
 //! (`auto`) and from the PTX fallback (`ptx-only`, JIT), outputs compared bitwise between the two
-//! paths and, in bf16 ulps, with the CPU reference.
+//! paths and, in bf16 ulps, with the CPU reference. The same for the CUDA 12 images (forced, as
+//! a 12.x driver would get them): SASS and PTX JIT, bitwise equal to the CUDA 13 images' outputs.
 
 use aot_kernels::dispatch::{
-    load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
+    load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
 };
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
@@ -17,6 +18,7 @@ use aot_kernels::ops::rmsnorm::{
     fused_add_rmsnorm, fused_add_rmsnorm_reference, rmsnorm, rmsnorm_reference, RmsNormParams,
 };
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, rotary_neox_reference, RotaryParams};
+use aot_kernels::registry::ModuleKind;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
@@ -207,6 +209,62 @@ fn gpu_every_kernel_matches_its_reference_and_sass_equals_ptx() {
         let r = compare(a, b);
         eprintln!("{name}: SASS vs PTX JIT: {r}");
         assert!(r.bitwise_equal(), "{name}: SASS and PTX paths differ: {r}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
+    let d = device();
+    let seed: u64 = rand::random();
+    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let inputs = Inputs { seed };
+
+    // The CUDA modules with one toolchain's images (the Triton modules have no CUDA 12 images).
+    let only = |major| -> Vec<ModuleSource> {
+        ModuleSource::registry_of_kind(ModuleKind::Cuda)
+            .into_iter()
+            .map(|m| m.with_toolchains(ToolchainChoice::Major(major)))
+            .collect()
+    };
+    let cu13 = load_modules(&d, 0, Policy::Auto, &only(13)).unwrap();
+    let cu12 = only(12);
+    let cu12_sass = load_modules(&d, 0, Policy::Auto, &cu12).unwrap();
+    let cu12_ptx = load_modules(&d, 0, Policy::PtxOnly, &cu12).unwrap();
+    for k in [&cu13, &cu12_sass, &cu12_ptx] {
+        eprintln!("{}", k.report().to_table());
+    }
+    let majors = |k: &LoadedKernels| -> Vec<u32> {
+        k.report()
+            .modules
+            .iter()
+            .map(|m| m.toolchain.major)
+            .collect()
+    };
+    assert!(majors(&cu13).iter().all(|&m| m == 13));
+    assert!(majors(&cu12_sass).iter().all(|&m| m == 12));
+    assert!(majors(&cu12_ptx).iter().all(|&m| m == 12));
+    assert!(
+        cu12_sass.report().modules.iter().all(|m| !m.jit),
+        "CUDA 12 SASS must load on this GPU without a JIT"
+    );
+    assert!(cu12_ptx.report().modules.iter().all(|m| m.jit));
+
+    let (gpu13, cpu) = run_ops(&cu13, &inputs);
+    let (gpu12, _) = run_ops(&cu12_sass, &inputs);
+    let (gpu12_ptx, _) = run_ops(&cu12_ptx, &inputs);
+    check_against_reference("cuda13 sass", &gpu13, &cpu);
+    check_against_reference("cuda12 sass", &gpu12, &cpu);
+    check_against_reference("cuda12 ptx", &gpu12_ptx, &cpu);
+    for (other, outputs) in [("cuda12 sass", &gpu12), ("cuda12 ptx", &gpu12_ptx)] {
+        for ((name, a), (_, b)) in gpu13.iter().zip(outputs) {
+            let r = compare(a, b);
+            eprintln!("{name}: cuda13 SASS vs {other}: {r}");
+            assert!(
+                r.bitwise_equal(),
+                "{name}: CUDA 13 SASS and {other} differ: {r}"
+            );
+        }
     }
 }
 

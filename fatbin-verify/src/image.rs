@@ -15,6 +15,7 @@ use crate::fatbin::{self, Container, Entry};
 use crate::host::{self, InputFormat, Place};
 use crate::ptx;
 use crate::target::{Target, Variant};
+use crate::toolkit::{self, CudaRelease};
 
 /// What an image holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -105,8 +106,13 @@ pub struct ImageInfo {
     pub sha256: [u8; 32],
     /// Kernel entry points.
     pub kernels: Vec<String>,
-    /// Toolkit that produced a cubin (`Cuda compilation tools, release 13.0, V13.0.88`).
+    /// Toolkit that produced the image (`Cuda compilation tools, release 13.0, V13.0.88`): a
+    /// cubin's `.note.nv.tkinfo`, a PTX file's header comment.
     pub toolkit: Option<String>,
+    /// CUDA release that made the image: from `toolkit` when present, else only the major its
+    /// format implies (cubin ELF ABI 7: 12, 8 below sm_100: 13; PTX ISA 9.x: 13, 8.x: 12).
+    /// See [`crate::toolkit`].
+    pub cuda: Option<CudaRelease>,
     /// The fatbin entry's identifier string (usually the source file name).
     pub identifier: Option<String>,
     /// The fatbin entry's options string (ptxas options of PTX).
@@ -320,6 +326,7 @@ fn entry_info(
         sha256: [0; 32],
         kernels: Vec::new(),
         toolkit: None,
+        cuda: None,
         identifier: lossy(entry.identifier),
         options: lossy(entry.options),
         raw_range: None,
@@ -377,10 +384,13 @@ fn entry_info(
             }
             info.debug |= parsed.debug;
             info.kernels = parsed.entries;
+            info.toolkit = toolkit::ptx_toolkit_string(text);
             info.size = text.len();
         }
         _ => info.size = payload.len(),
     }
+    let abi_sm = info.elf_abi.zip(info.target.map(|t| t.sm));
+    info.cuda = toolkit::image_release(info.toolkit.as_deref(), abi_sm, info.ptx_version);
     check_padding(entry, info.kind, info.size)?;
     let identity = payload.get(..info.size).unwrap_or(&payload);
     info.sha256 = digest(identity);
@@ -449,6 +459,11 @@ fn bare_cubin(bytes: &[u8]) -> Result<ImageInfo, Error> {
         size: identity.len(),
         sha256: digest(identity),
         kernels: cubin.kernels,
+        cuda: toolkit::image_release(
+            cubin.toolkit.as_deref(),
+            Some((u32::from(cubin.abi_version), cubin.target.sm)),
+            None,
+        ),
         toolkit: cubin.toolkit,
         identifier: None,
         options: None,
@@ -472,7 +487,12 @@ fn bare_ptx(bytes: &[u8]) -> ImageInfo {
         size: text.len(),
         sha256: digest(text),
         kernels: parsed.entries,
-        toolkit: None,
+        cuda: toolkit::image_release(
+            toolkit::ptx_toolkit_string(text).as_deref(),
+            None,
+            parsed.version,
+        ),
+        toolkit: toolkit::ptx_toolkit_string(text),
         identifier: None,
         options: None,
         raw_range: Some(0..text.len()),

@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod ptx;
 mod read;
 pub mod target;
+pub mod toolkit;
 pub mod verify;
 
 pub use decompress::Limits;
@@ -28,3 +29,4 @@ pub use image::{
     sha256_hex, Compression, ImageInfo, ImageKind, ImageSource,
 };
 pub use target::{Target, Variant};
+pub use toolkit::CudaRelease;

@@ -134,6 +134,13 @@ fn version(info: &ImageInfo) -> String {
     }
 }
 
+/// The CUDA release that made the image, as the image itself says (see `fatbin_verify::toolkit`).
+fn cuda(info: &ImageInfo) -> String {
+    info.cuda
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
 fn compression(info: &ImageInfo) -> &'static str {
     match info.compression {
         fatbin_verify::Compression::None => "none",
@@ -165,18 +172,19 @@ fn cmd_list(args: &[String]) -> Result<ExitCode, Fatal> {
         }
         println!("{}: {} image(s)", path.display(), images.len());
         println!(
-            "  {:>3}  {:<14} {:<7} {:<10} {:<8} {:<5} {:>9}  {:<16}  kernels",
-            "#", "where", "kind", "arch", "version", "comp", "size", "sha256"
+            "  {:>3}  {:<14} {:<7} {:<10} {:<8} {:<5} {:<5} {:>9}  {:<16}  kernels",
+            "#", "where", "kind", "arch", "version", "cuda", "comp", "size", "sha256"
         );
         for (i, info) in images.iter().enumerate() {
             let hex = sha256_hex(&info.sha256);
             println!(
-                "  {:>3}  {:<14} {:<7} {:<10} {:<8} {:<5} {:>9}  {:<16}  {}",
+                "  {:>3}  {:<14} {:<7} {:<10} {:<8} {:<5} {:<5} {:>9}  {:<16}  {}",
                 i + 1,
                 where_found(info),
                 info.kind.name(),
                 arch(info),
                 version(info),
+                cuda(info),
                 compression(info),
                 info.size,
                 hex.get(..16).unwrap_or(&hex),

@@ -10,12 +10,17 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::target::{Target, KNOWN_SM};
+use crate::toolkit::CudaRelease;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub toolchain: Toolchain,
     pub targets: Targets,
+    /// Toolchains whose images ship beside the primary one's, for drivers that cannot run the
+    /// primary's output (`[[extra_toolchain]]`; CUDA 12.9 for drivers older than 13.0).
+    #[serde(rename = "extra_toolchain", default)]
+    pub extra_toolchains: Vec<ExtraToolchain>,
     #[serde(rename = "module", default)]
     pub modules: Vec<Module>,
 }
@@ -23,8 +28,8 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Toolchain {
-    /// CUDA release the kernels are written for, e.g. "13.0".
-    pub cuda: String,
+    /// CUDA release of the primary toolchain, e.g. "13.0"; images carry it as their toolchain.
+    pub cuda: CudaRelease,
     /// Exact nvcc version (`V13.0.88` -> "13.0.88") the lock was made with.
     pub nvcc_version: String,
     /// PyPI requirements the set-up step installs.
@@ -42,6 +47,46 @@ pub struct Targets {
     pub sass: Vec<Target>,
     /// The portable PTX fallback every module carries.
     pub ptx: Target,
+}
+
+/// A further toolchain: its release, compiler, pins and the targets it builds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraToolchain {
+    /// CUDA release, e.g. "12.9": the toolchain every image it makes is keyed by.
+    pub cuda: CudaRelease,
+    /// The compiler front end the pinned packages provide.
+    pub compiler: Compiler,
+    /// Exact compiler version the lock was made with, e.g. "12.9.86".
+    pub version: String,
+    /// PyPI requirements the set-up step installs for it.
+    #[serde(default)]
+    pub packages: Vec<String>,
+    /// SASS targets it builds for every `cuda` module (a module's own `targets` are cut to these SMs).
+    pub sass: Vec<Target>,
+    /// Its PTX fallback.
+    pub ptx: Target,
+}
+
+/// How an extra toolchain compiles CUDA C++.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compiler {
+    /// NVIDIA's runtime compilation library (`libnvrtc`), loaded by the build: the CUDA 12 wheels
+    /// on PyPI carry it, but not the nvcc driver.
+    Nvrtc,
+}
+
+/// One toolchain's share of the build, primary or extra.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolchainTargets<'a> {
+    pub cuda: CudaRelease,
+    /// Exact pinned compiler version.
+    pub version: &'a str,
+    pub sass: &'a [Target],
+    pub ptx: Target,
+    /// The `[toolchain]` (nvcc) rather than an `[[extra_toolchain]]`.
+    pub primary: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,7 +213,91 @@ impl Manifest {
                 check_targets(&key("targets"), targets, false).map_err(|(k, m)| invalid(k, m))?;
             }
         }
+        let mut releases = BTreeSet::from([self.toolchain.cuda]);
+        for (i, extra) in self.extra_toolchains.iter().enumerate() {
+            let key = |field: &str| format!("extra_toolchain[{i}] ({}).{field}", extra.cuda);
+            if !releases.insert(extra.cuda) {
+                return Err(invalid(
+                    key("cuda"),
+                    format!(
+                        "CUDA {} is named twice; each toolchain's release must differ from the others'",
+                        extra.cuda
+                    ),
+                ));
+            }
+            if crate::toolkit::version_of_toolkit_string(&format!("V{}", extra.version)).is_none() {
+                return Err(invalid(
+                    key("version"),
+                    format!(
+                        "`{}` is not an exact version; write MAJOR.MINOR.PATCH, e.g. 12.9.86",
+                        extra.version
+                    ),
+                ));
+            }
+            check_targets(&key("sass"), &extra.sass, false).map_err(|(k, m)| invalid(k, m))?;
+            check_targets(&key("ptx"), std::slice::from_ref(&extra.ptx), true)
+                .map_err(|(k, m)| invalid(k, m))?;
+        }
         Ok(())
+    }
+
+    /// Every toolchain, the primary first.
+    pub fn toolchains(&self) -> Vec<ToolchainTargets<'_>> {
+        let primary = ToolchainTargets {
+            cuda: self.toolchain.cuda,
+            version: &self.toolchain.nvcc_version,
+            sass: &self.targets.sass,
+            ptx: self.targets.ptx,
+            primary: true,
+        };
+        std::iter::once(primary)
+            .chain(self.extra_toolchains.iter().map(|e| ToolchainTargets {
+                cuda: e.cuda,
+                version: &e.version,
+                sass: &e.sass,
+                ptx: e.ptx,
+                primary: false,
+            }))
+            .collect()
+    }
+
+    /// The toolchain of this CUDA release, if the manifest names it.
+    pub fn toolchain_for(&self, cuda: CudaRelease) -> Option<ToolchainTargets<'_>> {
+        self.toolchains().into_iter().find(|t| t.cuda == cuda)
+    }
+
+    /// The targets `toolchain` builds the module for: the primary builds the module's SASS list
+    /// (or the default) and its PTX; an extra toolchain builds `cuda` modules only, for the
+    /// module's own targets whose SM its `sass` list holds (or its whole list), and its PTX.
+    pub fn module_targets_for(&self, module: &Module, toolchain: &ToolchainTargets) -> Vec<Target> {
+        if toolchain.primary {
+            return self.module_targets(module);
+        }
+        if module.kind != ModuleKind::Cuda {
+            return Vec::new();
+        }
+        let mut targets: Vec<Target> = match &module.targets {
+            Some(own) => own
+                .iter()
+                .copied()
+                .filter(|t| toolchain.sass.iter().any(|s| s.sm == t.sm))
+                .collect(),
+            None => toolchain.sass.to_vec(),
+        };
+        targets.push(toolchain.ptx);
+        targets
+    }
+
+    /// Every image the module is built as, by (toolchain release, target), primary first.
+    pub fn module_images(&self, module: &Module) -> Vec<(CudaRelease, Target)> {
+        self.toolchains()
+            .iter()
+            .flat_map(|tc| {
+                self.module_targets_for(module, tc)
+                    .into_iter()
+                    .map(|t| (tc.cuda, t))
+            })
+            .collect()
     }
 
     pub fn module(&self, name: &str) -> Option<&Module> {
@@ -280,6 +409,78 @@ targets = ["sm_90a"]
             .map(|t| t.to_string())
             .collect();
         assert_eq!(names, ["sm_90a", "compute_80"]);
+    }
+
+    const EXTRA: &str = r#"
+[[extra_toolchain]]
+cuda = "12.9"
+compiler = "nvrtc"
+version = "12.9.86"
+sass = ["sm_80", "sm_90"]
+ptx = "compute_80"
+"#;
+
+    #[test]
+    fn extra_toolchain_builds_its_own_list_and_cuts_module_lists_to_it() {
+        let m = parse(&format!("{GOOD}{EXTRA}")).unwrap();
+        let names = |v: Vec<(CudaRelease, Target)>| -> Vec<String> {
+            v.iter().map(|(c, t)| format!("{c}:{t}")).collect()
+        };
+        assert_eq!(
+            names(m.module_images(&m.modules[0])),
+            [
+                "13.0:sm_80",
+                "13.0:sm_110",
+                "13.0:compute_80",
+                "12.9:sm_80",
+                "12.9:sm_90",
+                "12.9:compute_80"
+            ]
+        );
+        // `fast` asks for sm_90a only: the extra toolchain builds it too (SM 90 is in its list).
+        assert_eq!(
+            names(m.module_images(&m.modules[1])),
+            [
+                "13.0:sm_90a",
+                "13.0:compute_80",
+                "12.9:sm_90a",
+                "12.9:compute_80"
+            ]
+        );
+        assert_eq!(m.toolchains().len(), 2);
+        assert!(m.toolchain_for("12.9".parse().unwrap()).is_some());
+    }
+
+    #[test]
+    fn extra_toolchain_mistakes_name_the_key() {
+        let err = parse(&format!("{GOOD}{}", EXTRA.replace("\"12.9\"", "\"13.0\"")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("extra_toolchain[0] (13.0).cuda") && err.contains("named twice"),
+            "{err}"
+        );
+        let err = parse(&format!("{GOOD}{}", EXTRA.replace("12.9.86", "12.9")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("(12.9).version") && err.contains("MAJOR.MINOR.PATCH"),
+            "{err}"
+        );
+        let err = parse(&format!(
+            "{GOOD}{}",
+            EXTRA.replace("\"sm_90\"]", "\"sm_111\"]")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("extra_toolchain[0] (12.9).sass: unknown target `sm_111`"),
+            "{err}"
+        );
+        let err = parse(&format!("{GOOD}{}", EXTRA.replace("nvrtc", "clang")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("clang"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! Checking images against the manifest (which modules, entries and targets) and the lock
-//! (exact sha256 and size): every promised image present and exact, nothing unexpected.
+//! Checking images against the manifest (which modules, entries, toolchains and targets) and the
+//! lock (exact sha256 and size): every promised image present and exact, nothing unexpected.
+//!
+//! Each image's toolchain is read from the image itself ([`ImageInfo::cuda`]: the toolkit string,
+//! else the cubin ELF ABI or PTX ISA major) and matched to the manifest's toolchains.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -8,6 +11,7 @@ use crate::image::{describe_source, sha256_hex, ImageInfo, ImageKind};
 use crate::lock::Lock;
 use crate::manifest::{Manifest, Module};
 use crate::target::Target;
+use crate::toolkit::CudaRelease;
 
 /// One way the images differ from what the manifest and lock promise.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,16 +19,22 @@ pub struct Discrepancy {
     /// The module it concerns, when one could be named.
     pub module: Option<String>,
     pub target: Option<Target>,
+    /// The toolchain (CUDA release) of the image, when one could be named.
+    pub toolchain: Option<CudaRelease>,
     /// What is wrong, with the file and image it was found in.
     pub message: String,
 }
 
 impl fmt::Display for Discrepancy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let toolchain = self
+            .toolchain
+            .map(|c| format!(" (CUDA {c})"))
+            .unwrap_or_default();
         match (&self.module, &self.target) {
-            (Some(m), Some(t)) => write!(f, "{m} {t}: {}", self.message),
-            (Some(m), None) => write!(f, "{m}: {}", self.message),
-            (None, Some(t)) => write!(f, "{t}: {}", self.message),
+            (Some(m), Some(t)) => write!(f, "{m} {t}{toolchain}: {}", self.message),
+            (Some(m), None) => write!(f, "{m}{toolchain}: {}", self.message),
+            (None, Some(t)) => write!(f, "{t}{toolchain}: {}", self.message),
             (None, None) => write!(f, "{}", self.message),
         }
     }
@@ -55,6 +65,7 @@ pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) ->
                 out.push(Discrepancy {
                     module: None,
                     target: image.target,
+                    toolchain: image.cuda,
                     message: format!(
                         "unexpected {} image in {place} (kernels {:?}) belongs to no manifest module",
                         image.kind.name(),
@@ -66,11 +77,12 @@ pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) ->
             check_image(manifest, lock, module, image, &place, &mut seen, &mut out);
         }
         for module in &manifest.modules {
-            for target in manifest.module_targets(module) {
-                if !seen.contains_key(&(module.name.clone(), target)) {
+            for (toolchain, target) in manifest.module_images(module) {
+                if !seen.contains_key(&(module.name.clone(), toolchain, target)) {
                     out.push(Discrepancy {
                         module: Some(module.name.clone()),
                         target: Some(target),
+                        toolchain: Some(toolchain),
                         message: format!("missing: {} holds no such image", file.name),
                     });
                 }
@@ -80,8 +92,26 @@ pub fn verify(manifest: &Manifest, lock: Option<&Lock>, files: &[FileImages]) ->
     out
 }
 
-/// Images already seen in one file: (module, target) -> (where, sha256).
-type Seen = BTreeMap<(String, Target), (String, [u8; 32])>;
+/// Images already seen in one file: (module, toolchain, target) -> (where, sha256).
+type Seen = BTreeMap<(String, CudaRelease, Target), (String, [u8; 32])>;
+
+/// The manifest toolchain an image belongs to: the one whose release it records, or the only
+/// one of the major it implies (or of its release's major: a 13.1 build checked against a 13.0
+/// manifest). An image that records nothing belongs to a manifest's only toolchain.
+pub fn image_toolchain(manifest: &Manifest, image: &ImageInfo) -> Option<CudaRelease> {
+    let toolchains = manifest.toolchains();
+    let unique = |fits: &dyn Fn(&CudaRelease) -> bool| {
+        let mut it = toolchains.iter().filter(|t| fits(&t.cuda));
+        match (it.next(), it.next()) {
+            (Some(t), None) => Some(t.cuda),
+            _ => None,
+        }
+    };
+    match image.cuda {
+        None => unique(&|_| true),
+        Some(c) => unique(&|t| c.matches(t)).or_else(|| unique(&|t| t.major == c.major)),
+    }
+}
 
 fn check_image<'m>(
     manifest: &'m Manifest,
@@ -92,10 +122,12 @@ fn check_image<'m>(
     seen: &mut Seen,
     out: &mut Vec<Discrepancy>,
 ) {
+    let toolchain = image_toolchain(manifest, image);
     let mut report = |target: Option<Target>, message: String| {
         out.push(Discrepancy {
             module: Some(module.name.clone()),
             target,
+            toolchain: toolchain.or(image.cuda),
             message,
         });
     };
@@ -122,14 +154,34 @@ fn check_image<'m>(
         );
         return;
     }
-    if !manifest.module_targets(module).contains(&target) {
+    let Some(toolchain) = toolchain else {
+        let names: Vec<String> = manifest
+            .toolchains()
+            .iter()
+            .map(|t| t.cuda.to_string())
+            .collect();
         report(
             Some(target),
-            format!("unexpected image in {place}: the manifest does not list this target"),
+            format!(
+                "unexpected image in {place}: made by CUDA {}, which is none of the manifest's toolchains ({})",
+                image.cuda.map_or("unknown".to_string(), |c| c.to_string()),
+                names.join(", ")
+            ),
+        );
+        return;
+    };
+    let promised = manifest
+        .toolchain_for(toolchain)
+        .map(|tc| manifest.module_targets_for(module, &tc))
+        .unwrap_or_default();
+    if !promised.contains(&target) {
+        report(
+            Some(target),
+            format!("unexpected image in {place}: the manifest does not list this target for this toolchain"),
         );
         return;
     }
-    match seen.get(&(module.name.clone(), target)) {
+    match seen.get(&(module.name.clone(), toolchain, target)) {
         // An identical copy says nothing new.
         Some((_, first_sha)) if *first_sha == image.sha256 => return,
         Some((first, _)) => report(
@@ -138,7 +190,7 @@ fn check_image<'m>(
         ),
         None => {
             seen.insert(
-                (module.name.clone(), target),
+                (module.name.clone(), toolchain, target),
                 (place.to_string(), image.sha256),
             );
         }
@@ -156,7 +208,7 @@ fn check_image<'m>(
     }
     if let Some(lock) = lock {
         let hash = sha256_hex(&image.sha256);
-        match lock.image(&module.name, target) {
+        match lock.image(&module.name, toolchain, target) {
             None => report(Some(target), format!("image in {place} is not in the lock; run `make lock` if this target was added on purpose")),
             Some(locked) if locked.sha256 != hash || locked.size != image.size as u64 => report(
                 Some(target),
@@ -216,10 +268,12 @@ fn identify_one<'m>(
     lock: Option<&Lock>,
     img: &ImageInfo,
 ) -> Option<&'m Module> {
-    if let (Some(lock), Some(target)) = (lock, img.target) {
+    if let (Some(lock), Some(target), Some(toolchain)) =
+        (lock, img.target, image_toolchain(manifest, img))
+    {
         let hash = sha256_hex(&img.sha256);
         if let Some(m) = manifest.modules.iter().find(|m| {
-            lock.image(&m.name, target)
+            lock.image(&m.name, toolchain, target)
                 .is_some_and(|l| l.sha256 == hash)
         }) {
             return Some(m);

@@ -1,8 +1,14 @@
-//! Oracle tests: a corpus built at test time with the pinned nvcc, listed and extracted both by
-//! this crate and by NVIDIA's `cuobjdump`; kinds, architectures, versions, entry names and the
-//! sha256 of every extracted image must agree.
+//! Oracle tests: a corpus built at test time with the pinned nvcc 13.0 and the pinned NVRTC 12.9
+//! (the CUDA 12 toolchain, packed by nvcc 13.0's fatbinary as the build packs it), listed and
+//! extracted both by this crate and by NVIDIA's `cuobjdump`; kinds, architectures, versions,
+//! entry names and the sha256 of every extracted image must agree.
 //!
-//! Needs the toolchain (`bash scripts/setup-toolchain.sh`); without it these tests fail, never skip.
+//! Needs the toolchains (`bash scripts/setup-toolchain.sh`); without them these tests fail, never skip.
+
+/// The build's NVRTC binding (build/nvrtc.rs), shared rather than copied.
+#[path = "../../build/nvrtc.rs"]
+#[allow(dead_code)]
+mod nvrtc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +36,8 @@ int main() { printf("%p\n", (void *)add_one); return 0; }
 struct Toolchain {
     bin: PathBuf,
     lib: PathBuf,
+    /// The CUDA 12.9 toolchain's wheels (`.toolchain/cuda-12.9/site/nvidia`).
+    cu12: PathBuf,
 }
 
 fn toolchain() -> &'static Toolchain {
@@ -46,7 +54,14 @@ fn toolchain() -> &'static Toolchain {
                 workspace.display()
             );
         }
-        Toolchain { lib: home.join("lib"), bin }
+        let cu12 = workspace.join(".toolchain/cuda-12.9/site/nvidia");
+        assert!(
+            cu12.join("cuda_nvrtc/lib/libnvrtc.so.12").is_file(),
+            "{} not found: the oracle tests need the pinned CUDA 12.9 toolchain; run `bash scripts/setup-toolchain.sh` in {}",
+            cu12.display(),
+            workspace.display()
+        );
+        Toolchain { lib: home.join("lib"), bin, cu12 }
     })
 }
 
@@ -208,6 +223,7 @@ fn build_corpus() -> Corpus {
             files.insert(name, out);
         }
     }
+    build_cuda12_corpus(tc, &a, dir.path(), &mut files);
     // Several containers in one file: two fatbins back to back, the second 8-aligned.
     let mut concat = std::fs::read(&files["default.fatbin"]).expect("read");
     concat.resize(concat.len().div_ceil(8) * 8, 0);
@@ -216,6 +232,63 @@ fn build_corpus() -> Corpus {
     std::fs::write(&concat_path, concat).expect("write");
     files.insert("concat.fatbin", concat_path);
     Corpus { _dir: dir, files }
+}
+
+/// CUDA 12.9 images as the build makes them: NVRTC compiles (ELF ABI 7 below sm_100, 8 with a
+/// toolkit string from sm_100 on; PTX ISA 8.8), nvcc 13.0's fatbinary packs, plain and compressed.
+fn build_cuda12_corpus(
+    tc: &Toolchain,
+    source: &str,
+    dir: &Path,
+    files: &mut BTreeMap<&'static str, PathBuf>,
+) {
+    let nvrtc = nvrtc::Nvrtc::open(&tc.cu12.join("cuda_nvrtc/lib/libnvrtc.so.12"))
+        .expect("open NVRTC 12.9");
+    let text = std::fs::read_to_string(source).expect("read source");
+    let mut images = Vec::new();
+    for arch in ["sm_80", "sm_87", "sm_90a", "sm_100", "sm_120", "compute_80"] {
+        let options = vec![format!("-arch={arch}"), "-std=c++17".to_string()];
+        let bytes = match nvrtc.compile(&text, "ka.cu", &options).expect("NVRTC runs") {
+            nvrtc::Output::Image { bytes, .. } => bytes,
+            nvrtc::Output::Failed { log } => panic!("NVRTC {arch}: {log}"),
+        };
+        let ext = if arch.starts_with("sm_") {
+            "cubin"
+        } else {
+            "ptx"
+        };
+        let path = dir.join(format!("cu12-{arch}.{ext}"));
+        std::fs::write(&path, bytes).expect("write image");
+        images.push((arch, path));
+    }
+    let mut pack = |name: &'static str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut cmd = Command::new(tc.bin.join("fatbinary"));
+        cmd.arg("--64")
+            .args(extra)
+            .arg(format!("--create={}", out.display()));
+        for (arch, path) in &images {
+            let (kind, sm) = match arch.strip_prefix("sm_") {
+                Some(sm) => ("elf", sm),
+                None => ("ptx", arch.trim_start_matches("compute_")),
+            };
+            cmd.arg(format!(
+                "--image3=kind={kind},sm={sm},file={}",
+                path.display()
+            ));
+        }
+        let result = cmd.output().expect("run fatbinary");
+        assert!(
+            result.status.success(),
+            "fatbinary {name}: {}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        files.insert(name, out);
+    };
+    pack("cu12.fatbin", &["--compress=false"]);
+    pack("cu12-zstd.fatbin", &["--compress-all"]);
+    files.insert("cu12.cubin", images[2].1.clone());
+    files.insert("cu12.ptx", images[5].1.clone());
 }
 
 fn cuobjdump(args: &[&str], file: &Path, cwd: &Path) -> String {
@@ -582,6 +655,53 @@ fn targets_flags_and_metadata_are_exact() {
 }
 
 #[test]
+fn cuda12_images_say_which_toolchain_made_them() {
+    let files = &corpus().files;
+    let (_, images) = listed(&files["cu12.fatbin"]);
+    let mut seen = Vec::new();
+    for i in &images {
+        let target = i.target.expect("target");
+        let cuda = i.cuda.map(|c| c.to_string());
+        seen.push(format!(
+            "{target} {} {}",
+            i.elf_abi
+                .map(|a| format!("abi{a}"))
+                .or(i.ptx_version.map(|(a, b)| format!("ptx{a}.{b}")))
+                .unwrap_or_default(),
+            cuda.unwrap_or_default()
+        ));
+    }
+    // Below sm_100 ptxas 12.9 writes ELF ABI 7 and no toolkit note; from sm_100 on ABI 8 with
+    // its toolkit string. fatbinary blanks the PTX comment that names the release.
+    assert_eq!(
+        seen,
+        [
+            "sm_80 abi7 12.x",
+            "sm_87 abi7 12.x",
+            "sm_90a abi7 12.x",
+            "sm_100 abi8 12.9",
+            "sm_120 abi8 12.9",
+            "compute_80 ptx8.8 12.x",
+        ]
+    );
+    // Compressed, the same images and hashes.
+    let (_, zstd) = listed(&files["cu12-zstd.fatbin"]);
+    assert!(zstd.iter().all(|i| i.compression == Compression::Zstd));
+    let hashes = |v: &[ImageInfo]| v.iter().map(|i| i.sha256).collect::<Vec<_>>();
+    assert_eq!(hashes(&zstd), hashes(&images));
+    // A bare NVRTC PTX file still names its release in its header comment.
+    let (_, ptx) = listed(&files["cu12.ptx"]);
+    assert_eq!(
+        ptx[0].toolkit.as_deref(),
+        Some("Cuda compilation tools, release 12.9, V12.9.86")
+    );
+    assert_eq!(ptx[0].cuda, Some(fatbin_verify::CudaRelease::new(12, 9)));
+    let (_, cubin) = listed(&files["cu12.cubin"]);
+    assert_eq!(cubin[0].target, Some("sm_90a".parse().expect("target")));
+    assert_eq!(cubin[0].elf_abi, Some(7));
+}
+
+#[test]
 fn cli_extract_matches_cuobjdump() {
     let path = &corpus().files["app"];
     let out = tempfile::tempdir().expect("temp dir");
@@ -636,15 +756,17 @@ fn cli_verify_passes_then_names_a_flipped_byte() {
          [[module]]\nname = \"ka\"\nkind = \"cuda\"\nsource = \"ka.cu\"\nentries = [\"add_one\", \"scale\"]\n",
     )
     .expect("write manifest");
+    let cu13 = fatbin_verify::CudaRelease::new(13, 0);
     let lock = fatbin_verify::lock::Lock {
         format: fatbin_verify::lock::LOCK_FORMAT,
-        toolchain: "13.0.88".into(),
+        toolchains: [(cu13, "13.0.88".to_string())].into(),
         modules: vec![fatbin_verify::lock::LockedModule {
             name: "ka".into(),
             source_sha256: "0".repeat(64),
             images: images
                 .iter()
                 .map(|i| fatbin_verify::lock::LockedImage {
+                    toolchain: cu13,
                     target: i.target.expect("target"),
                     sha256: sha256_hex(&i.sha256),
                     size: i.size as u64,
@@ -687,7 +809,10 @@ fn cli_verify_passes_then_names_a_flipped_byte() {
     let stdout = String::from_utf8_lossy(&bad.stdout);
     assert_eq!(bad.status.code(), Some(1), "{stdout}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
-    assert!(stdout.starts_with("ka sm_80: sha256 "), "{stdout}");
+    assert!(
+        stdout.starts_with("ka sm_80 (CUDA 13.0): sha256 "),
+        "{stdout}"
+    );
 
     // A truncated file is unparsable: exit 2, naming the file.
     let cut_path = dir.path().join("cut.fatbin");

@@ -36,6 +36,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// -infinity without <math.h> (NVRTC, which builds the CUDA 12 images, has no C library headers).
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
 __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
 }

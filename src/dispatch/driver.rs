@@ -17,6 +17,8 @@ pub struct OpenDevice {
     pub ctx: Arc<CudaContext>,
     pub spec: DeviceSpec,
     pub name: String,
+    /// Streaming multiprocessors (launch shapes are sized from it).
+    pub sm_count: usize,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -54,6 +56,15 @@ pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
     // turn that into an error instead of taking the process down.
     let opened = catch_unwind(AssertUnwindSafe(|| -> Result<OpenDevice, DispatchError> {
         let ctx = CudaContext::new(ordinal).map_err(device_err)?;
+        // The backend orders all work on one stream, so cudarc's per-buffer event tracking
+        // (for multi-stream use) would only add driver calls to every launch and get in the
+        // way of stream capture for CUDA graphs.
+        // SAFETY: no buffer of this context is used on another stream.
+        unsafe { ctx.disable_event_tracking() };
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(device_err)?
+            .max(1) as usize;
         let (major, minor) = ctx.compute_capability().map_err(device_err)?;
         let integrated = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
@@ -70,6 +81,7 @@ pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
                 driver,
             },
             name,
+            sm_count,
         })
     }));
     opened.unwrap_or_else(|p| {

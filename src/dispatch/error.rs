@@ -4,7 +4,7 @@ use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
 use fatbin_verify::Target;
 
-use super::policy::ParsePolicyError;
+use super::policy::{ParsePolicyError, ParseToolchainChoiceError};
 use super::select::NoImageError;
 use super::verify::HashMismatch;
 
@@ -48,7 +48,7 @@ pub fn translate(err: DriverError) -> DriverFailure {
         CUDA_ERROR_INVALID_DEVICE => ("no CUDA device has this ordinal", "pick an ordinal below the device count"),
         CUDA_ERROR_SYSTEM_DRIVER_MISMATCH | CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE => (
             "the installed driver is too old or mismatched for this program",
-            "update the NVIDIA driver (this crate's bindings target the CUDA 13.0 driver API)",
+            "update the NVIDIA driver: this crate ships CUDA 12 images for 12.x drivers (r525+) and CUDA 13 images for 13.x (r580+); `qwen-decode kernels` shows which image each module needs",
         ),
         CUDA_ERROR_NOT_FOUND => ("the module has no function of that name", "rebuild: the registry and the image disagree on entry names"),
         _ => ("the driver call failed", "see the CUDA driver API documentation for this code"),
@@ -62,6 +62,13 @@ pub fn translate(err: DriverError) -> DriverFailure {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
+    #[error("{module}::{entry} needs {bytes} bytes of shared memory per block; this GPU allows {limit} (sm_86/89/120-class GPUs 99 KiB, A100 163 KiB, Hopper 227 KiB)")]
+    SharedMemory {
+        module: String,
+        entry: String,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("no CUDA driver found (libcuda could not be opened): this machine has no NVIDIA driver, or LD_LIBRARY_PATH misses it. Use `qwen-decode kernels --simulate X.Y --driver X.Y` to see another device's plan")]
     NoDriver,
     #[error("CUDA device {ordinal} unavailable: {failure}")]
@@ -83,6 +90,8 @@ pub enum DispatchError {
     },
     #[error(transparent)]
     Policy(#[from] ParsePolicyError),
+    #[error(transparent)]
+    ToolchainChoice(#[from] ParseToolchainChoiceError),
     #[error(transparent)]
     Tampered(#[from] HashMismatch),
     #[error("module {module}, image {target}: the recorded PTX .version {recorded} differs from the image's own `.version {found}`; refusing to load. Rebuild the crate")]

@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
-use fatbin_verify::Target;
+use fatbin_verify::{CudaRelease, Target};
 use serde::Serialize;
 
 use super::driver::{self, function_attributes, FunctionAttributes, OpenDevice};
 use super::error::{translate, DispatchError};
 use super::plan::select_for_module;
-use super::policy::Policy;
-use super::select::{DeviceSpec, Reason};
+use super::policy::{Policy, ToolchainChoice};
+use super::select::{DeviceSpec, Reason, Selection, Version};
 use super::source::{parse_ptx_version, ImageBytes, ModuleSource};
 use super::verify::{verify_image, verify_static_image, HashCheck};
 
@@ -32,6 +32,10 @@ pub struct EntryReport {
 pub struct ModuleReport {
     pub module: String,
     pub target: Target,
+    /// CUDA release of the toolchain that made the image.
+    pub toolchain: CudaRelease,
+    /// The oldest driver that loads it.
+    pub min_driver: Version,
     pub reason: Reason,
     pub why: String,
     /// The driver compiled PTX at load.
@@ -74,8 +78,19 @@ impl LoadReport {
         );
         let _ = writeln!(
             out,
-            "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  why",
-            "module", "entry", "image", "jit", "load_us", "hash_us", "regs", "smem", "bin", "ptx"
+            "{:<12} {:<26} {:<11} {:<5} {:<8} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  why",
+            "module",
+            "entry",
+            "image",
+            "cuda",
+            "driver>=",
+            "jit",
+            "load_us",
+            "hash_us",
+            "regs",
+            "smem",
+            "bin",
+            "ptx"
         );
         for m in &self.modules {
             for e in &m.entries {
@@ -87,10 +102,12 @@ impl LoadReport {
                 };
                 let _ = writeln!(
                     out,
-                    "{:<12} {:<26} {:<11} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
+                    "{:<12} {:<26} {:<11} {:<5} {:<8} {:<4} {:>9} {:>8} {:>4} {:>6} {:>4} {:>4}  {}",
                     m.module,
                     e.entry,
                     m.target.to_string(),
+                    m.toolchain.to_string(),
+                    m.min_driver.to_string(),
                     if m.jit { "yes" } else { "no" },
                     m.load_us,
                     hash,
@@ -123,6 +140,9 @@ pub struct LoadedKernels {
     stream: Arc<CudaStream>,
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
+    sm_count: usize,
+    /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
+    smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
 }
 
 impl std::fmt::Debug for LoadedKernels {
@@ -162,7 +182,7 @@ impl LoadedKernels {
         &self.ctx
     }
 
-    /// The stream the kernels are meant to be launched on (the context's default stream).
+    /// The stream the kernels are launched on (created with the kernels; non-blocking).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -174,18 +194,104 @@ impl LoadedKernels {
     pub fn device(&self) -> &DeviceSpec {
         &self.report.device
     }
+
+    /// Streaming multiprocessors of the device.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// Lets `entry` launch with `bytes` of dynamic shared memory: past 48 KiB (static included)
+    /// the driver needs an explicit opt-in. Done once per function and size, so that launches
+    /// inside a CUDA graph capture make no driver calls besides the launch.
+    pub fn allow_dynamic_smem(
+        &self,
+        module: &str,
+        entry: &str,
+        bytes: usize,
+    ) -> Result<(), DispatchError> {
+        let key = (module.to_string(), entry.to_string());
+        let mut allowed = self.smem_allowed.lock().unwrap_or_else(|p| p.into_inner());
+        if allowed.get(&key).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        let f = self.function(module, entry)?;
+        let fail = |e| DispatchError::Function {
+            module: module.to_string(),
+            target: self
+                .report
+                .modules
+                .iter()
+                .find(|m| m.module == module)
+                .map_or(fatbin_verify::Target::ptx(80), |m| m.target),
+            entry: entry.to_string(),
+            failure: translate(e),
+        };
+        let static_bytes = f
+            .get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+            .map_err(fail)? as usize;
+        let limit = self
+            .ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(fail)?
+            .max(0) as usize;
+        if static_bytes + bytes > limit {
+            return Err(DispatchError::SharedMemory {
+                module: module.to_string(),
+                entry: entry.to_string(),
+                bytes: static_bytes + bytes,
+                limit,
+            });
+        }
+        if static_bytes + bytes > 48 * 1024 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(fail)?;
+        }
+        allowed.insert(key, bytes);
+        Ok(())
+    }
 }
 
-/// Load every registry module on device 0 under `policy`.
+/// Load every registry module on device 0 under `policy`, but those unavailable here by design
+/// (see [`super::plan`]: the CUDA-13-only Triton modules on a 12.x driver), which are logged and
+/// left out; asking for one later names the module.
 pub fn load_all(policy: Policy) -> Result<LoadedKernels, DispatchError> {
     let device = driver::open_device(0)?;
-    load_modules(&device, 0, policy, &ModuleSource::registry())
+    load_available(&device, policy, &ModuleSource::registry())
 }
 
-/// Load the policy from `AOT_KERNELS_POLICY` (default auto) and every registry module on device 0.
+/// Load the policy from `AOT_KERNELS_POLICY` (default auto) and the toolchain choice from
+/// `AOT_KERNELS_TOOLCHAIN` (default newest), and every registry module on device 0 as
+/// [`load_all`] does.
 pub fn load_all_from_env() -> Result<LoadedKernels, DispatchError> {
     let policy = Policy::from_env()?;
-    load_all(policy)
+    let choice = ToolchainChoice::from_env()?;
+    let device = driver::open_device(0)?;
+    load_available(&device, policy, &ModuleSource::registry_with(choice))
+}
+
+/// `modules` less those the plan finds unavailable by design, loaded on device 0.
+fn load_available(
+    device: &OpenDevice,
+    policy: Policy,
+    modules: &[ModuleSource],
+) -> Result<LoadedKernels, DispatchError> {
+    let plan = super::plan::plan(device.spec, policy, false, modules);
+    let mut keep = Vec::with_capacity(modules.len());
+    for (m, p) in modules.iter().zip(&plan.modules) {
+        match &p.unavailable {
+            Some(why) => log::warn!(
+                "aot-kernels: {} not loaded, unavailable here: {why}",
+                m.name
+            ),
+            None => keep.push(m.clone()),
+        }
+    }
+    load_modules(device, 0, policy, &keep)
 }
 
 /// Select, verify and load one image per module on an open device. `modules` may be a subset
@@ -201,9 +307,10 @@ pub fn load_modules(
     for m in modules {
         let (lm, report) = load_module(device, policy, m)?;
         log::info!(
-            "aot-kernels: {} -> {} ({}), load {} us, hash {} us{}",
+            "aot-kernels: {} -> {} of CUDA {} ({}), load {} us, hash {} us{}",
             report.module,
             report.target,
+            report.toolchain,
             report.why,
             report.load_us,
             report.hash_us,
@@ -219,22 +326,29 @@ pub fn load_modules(
         policy,
         modules: reports,
     };
-    let stream = device.ctx.default_stream();
+    // A stream of our own rather than the legacy default stream: CUDA graphs cannot be captured
+    // from the legacy stream, and ours does not synchronise with other work on the device.
+    let stream = device.ctx.new_stream().map_err(|e| DispatchError::Device {
+        ordinal,
+        failure: translate(e),
+    })?;
     Ok(LoadedKernels {
         ctx: device.ctx.clone(),
         stream,
         modules: loaded,
         report,
+        sm_count: device.sm_count,
+        smem_allowed: Default::default(),
     })
 }
 
 /// Everything that happens before the driver sees an image: selection, hash, PTX checks.
-/// Returns the index of the image to load and the hash check's cost.
+/// Returns the selection and the hash check's cost.
 pub fn check_module(
     device: &DeviceSpec,
     policy: Policy,
     m: &ModuleSource,
-) -> Result<(usize, Reason, HashCheck), DispatchError> {
+) -> Result<(Selection, HashCheck), DispatchError> {
     let sel = select_for_module(device, policy, m).map_err(|source| DispatchError::NoImage {
         module: m.name.clone(),
         source,
@@ -265,7 +379,7 @@ pub fn check_module(
             });
         }
     }
-    Ok((sel.index, sel.reason, hash))
+    Ok((sel, hash))
 }
 
 fn load_module(
@@ -273,8 +387,8 @@ fn load_module(
     policy: Policy,
     m: &ModuleSource,
 ) -> Result<(LoadedModule, ModuleReport), DispatchError> {
-    let (index, reason, hash) = check_module(&device.spec, policy, m)?;
-    let img = &m.images[index];
+    let (sel, hash) = check_module(&device.spec, policy, m)?;
+    let (reason, img) = (sel.reason, &m.images[sel.index]);
     let start = Instant::now();
     let module =
         driver::load_image(&device.ctx, img.bytes.as_slice(), img.is_ptx()).map_err(|e| {
@@ -310,6 +424,8 @@ fn load_module(
     let report = ModuleReport {
         module: m.name.clone(),
         target: img.target,
+        toolchain: sel.toolchain,
+        min_driver: sel.min_driver,
         reason,
         why: reason.to_string(),
         jit: img.is_ptx(),

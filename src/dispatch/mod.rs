@@ -1,5 +1,7 @@
 //! Runtime dispatcher: pick, verify and load the best image of every kernel module for this GPU
-//! and driver, with a forced-PTX policy for testing the fallback.
+//! and driver (the newest toolchain the driver accepts: CUDA 13 images on 13.x drivers, CUDA 12
+//! ones on older drivers), with a forced-PTX policy and a toolchain choice for testing the
+//! fallbacks.
 //!
 //! - [`select`]: the pure decision (capability, integrated, driver, images -> image or error).
 //! - [`plan`]: that decision for every module, printable and serializable; works for a simulated
@@ -23,10 +25,11 @@ pub use load::{
     check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels,
     ModuleReport,
 };
-pub use plan::{plan, Plan};
-pub use policy::{Policy, POLICY_ENV};
+pub use plan::{oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan};
+pub use policy::{Policy, ToolchainChoice, POLICY_ENV, TOOLCHAIN_ENV};
 pub use select::{
-    select_image, DeviceSpec, ImageCandidate, NoImageError, Reason, Selection, Version,
+    min_driver_for_image, select_image, DeviceSpec, ImageCandidate, NoImageError, Reason,
+    Selection, Version,
 };
 pub use source::{ImageBytes, ImageSource, ModuleSource};
 pub use verify::{verify_image, HashMismatch};

@@ -1,4 +1,5 @@
-//! How much freedom the dispatcher has: SASS first with PTX fallback, SASS only, or PTX only.
+//! How much freedom the dispatcher has: SASS first with PTX fallback, SASS only, or PTX only;
+//! and which toolchains' images it may use (every one, newest first; or one CUDA major only).
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 /// Environment variable that sets the policy when the caller does not pass one.
 pub const POLICY_ENV: &str = "AOT_KERNELS_POLICY";
+
+/// Environment variable that limits the images to one CUDA major (`cuda12`, `cuda13`) when the
+/// caller does not choose; `newest` (the default) lets selection take the newest the driver accepts.
+pub const TOOLCHAIN_ENV: &str = "AOT_KERNELS_TOOLCHAIN";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -61,9 +66,89 @@ impl FromStr for Policy {
     }
 }
 
+/// Which toolchains' images the dispatcher may choose from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ToolchainChoice {
+    /// Every image; selection prefers the newest toolchain the driver accepts.
+    #[default]
+    Newest,
+    /// Only images of this CUDA major (`cuda12`: what an r525..r575 driver gets), e.g. to test
+    /// the CUDA 12 images on a 13.x driver.
+    Major(u32),
+}
+
+impl ToolchainChoice {
+    pub fn allows(&self, toolchain: fatbin_verify::CudaRelease) -> bool {
+        match self {
+            ToolchainChoice::Newest => true,
+            ToolchainChoice::Major(m) => toolchain.major == *m,
+        }
+    }
+
+    /// The choice from [`TOOLCHAIN_ENV`]; `newest` when it is unset or empty.
+    pub fn from_env() -> Result<ToolchainChoice, ParseToolchainChoiceError> {
+        match std::env::var(TOOLCHAIN_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse(),
+            _ => Ok(ToolchainChoice::Newest),
+        }
+    }
+}
+
+impl fmt::Display for ToolchainChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToolchainChoice::Newest => f.write_str("newest"),
+            ToolchainChoice::Major(m) => write!(f, "cuda{m}"),
+        }
+    }
+}
+
+impl Serialize for ToolchainChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a toolchain choice: expected `newest`, `cuda12` or `cuda13` (in --toolchain or {TOOLCHAIN_ENV})")]
+pub struct ParseToolchainChoiceError(pub String);
+
+impl FromStr for ToolchainChoice {
+    type Err = ParseToolchainChoiceError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.to_ascii_lowercase();
+        if lower == "newest" {
+            return Ok(ToolchainChoice::Newest);
+        }
+        lower
+            .strip_prefix("cuda")
+            .filter(|d| !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse().ok())
+            .map(ToolchainChoice::Major)
+            .ok_or_else(|| ParseToolchainChoiceError(s.to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_toolchain_choices_and_rejects_others() {
+        assert_eq!("newest".parse(), Ok(ToolchainChoice::Newest));
+        assert_eq!("CUDA12".parse(), Ok(ToolchainChoice::Major(12)));
+        assert_eq!("cuda13".parse(), Ok(ToolchainChoice::Major(13)));
+        for bad in ["", "12", "cuda", "cuda12.9", "cuda-12", "oldest"] {
+            let err = bad.parse::<ToolchainChoice>().unwrap_err();
+            assert!(err.to_string().contains("cuda12"), "{bad}: {err}");
+        }
+        let cu12 = fatbin_verify::CudaRelease::new(12, 9);
+        assert!(ToolchainChoice::Major(12).allows(cu12));
+        assert!(!ToolchainChoice::Major(13).allows(cu12));
+        assert!(ToolchainChoice::Newest.allows(cu12));
+        assert_eq!(ToolchainChoice::Major(12).to_string(), "cuda12");
+    }
 
     #[test]
     fn parses_every_policy_and_rejects_others() {

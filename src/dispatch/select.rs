@@ -1,14 +1,17 @@
 //! Which image of a module runs on a given device and driver: a pure decision, no GPU needed.
 //!
-//! Order (policy `auto`): exact SASS -> compatible SASS (same major, lower minor; baseline
-//! cubins on desktop GPUs only, family `f` cubins on every member of the family)
-//! -> the PTX with the highest virtual architecture not above the GPU whose ISA the driver
-//! knows -> an error naming the images present and what this device would need.
+//! Every image needs a driver at least as new as [`min_driver_for_image`] says (CUDA 13 output:
+//! 13.0; CUDA 12 cubins: 12.0; PTX: the driver that knows its ISA); images the driver cannot
+//! load are left out first. Then (policy `auto`): exact SASS -> compatible SASS (same major, lower
+//! minor; baseline cubins on desktop GPUs only, family `f` cubins on every member of the family)
+//! -> the PTX with the highest virtual architecture not above the GPU -> an error naming the
+//! images present and what this device would need. Among equally good images the newest
+//! toolchain wins.
 
 use std::fmt;
 use std::str::FromStr;
 
-use fatbin_verify::{Target, Variant};
+use fatbin_verify::{CudaRelease, Target, Variant};
 use serde::{Deserialize, Serialize};
 
 use super::policy::Policy;
@@ -114,6 +117,34 @@ pub struct ImageCandidate {
     pub target: Target,
     /// PTX `.version` (ISA), for PTX images only.
     pub ptx_version: Option<(u32, u32)>,
+    /// CUDA release of the toolchain that made it.
+    pub toolchain: CudaRelease,
+}
+
+/// The oldest driver (as `cuDriverGetVersion` reports it) that loads this image. A cubin needs
+/// its toolkit's major: NVIDIA supports CUDA 13 output on 13.x drivers only, and CUDA 12 output
+/// on every 12.x driver (minor-version compatibility). PTX also needs a driver that knows its
+/// ISA. `Err` says why it cannot be known (PTX without a known `.version`).
+pub fn min_driver_for_image(c: &ImageCandidate) -> Result<Version, String> {
+    let family = Version::new(c.toolchain.major, 0);
+    if !c.target.virtual_arch {
+        return Ok(family);
+    }
+    let Some(isa) = c.ptx_version else {
+        return Err(format!(
+            "{} has no recorded .version, so its driver needs are unknown",
+            describe(c)
+        ));
+    };
+    let Some(min) = min_driver_for_ptx_isa(isa) else {
+        return Err(format!(
+            "{} has PTX ISA {}.{}, which this dispatcher does not know",
+            describe(c),
+            isa.0,
+            isa.1
+        ));
+    };
+    Ok(min.max(family))
 }
 
 /// Minimum driver (CUDA version as `cuDriverGetVersion` reports it) that accepts a PTX ISA
@@ -204,12 +235,15 @@ impl fmt::Display for Reason {
     }
 }
 
-/// The image selection picked: its index in the candidate list, its target and why.
+/// The image selection picked: its index in the candidate list, its target, toolchain, the
+/// oldest driver it needs, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Selection {
     pub index: usize,
     pub target: Target,
     pub reason: Reason,
+    pub toolchain: CudaRelease,
+    pub min_driver: Version,
 }
 
 /// No image of a module can run here under the policy; the message says what would.
@@ -218,7 +252,7 @@ pub struct Selection {
 pub struct NoImageError {
     pub device: DeviceSpec,
     pub policy: Policy,
-    /// The images the module carries, e.g. `sm_80, compute_80 (PTX 9.0)`.
+    /// The images the module carries, e.g. `CUDA 13.0: sm_80, compute_80 (PTX 9.0)`.
     pub present: String,
     /// What this device and driver would accept, and why the PTX present was refused.
     pub needed: String,
@@ -260,6 +294,13 @@ fn ptx_arch_fits(target: Target, cap: Version) -> bool {
     }
 }
 
+/// Whether `policy` lets `device` run an image for `target` at all, the driver aside (SASS that
+/// fits, or PTX of an architecture it may JIT).
+pub(crate) fn fits_device(target: Target, device: &DeviceSpec, policy: Policy) -> bool {
+    (policy != Policy::PtxOnly && sass_fit(target, device).is_some())
+        || (policy != Policy::SassOnly && ptx_arch_fits(target, device.capability))
+}
+
 /// Rank among exact SASS: arch-specific code uses features the baseline cannot, so prefer it.
 fn variant_rank(v: Variant) -> u8 {
     match v {
@@ -270,11 +311,36 @@ fn variant_rank(v: Variant) -> u8 {
 }
 
 fn describe(c: &ImageCandidate) -> String {
+    let tc = c.toolchain;
     match c.ptx_version {
-        Some((a, b)) if c.target.virtual_arch => format!("{} (PTX {a}.{b})", c.target),
-        None if c.target.virtual_arch => format!("{} (PTX, .version unknown)", c.target),
-        _ => c.target.to_string(),
+        Some((a, b)) if c.target.virtual_arch => format!("{} (CUDA {tc}, PTX {a}.{b})", c.target),
+        None if c.target.virtual_arch => format!("{} (CUDA {tc}, PTX, .version unknown)", c.target),
+        _ => format!("{} (CUDA {tc})", c.target),
     }
+}
+
+/// `CUDA 13.0: sm_80, compute_80 (PTX 9.0); CUDA 12.9: sm_80`, toolchains in the order met.
+fn describe_all(images: &[ImageCandidate]) -> String {
+    let mut groups: Vec<(CudaRelease, Vec<String>)> = Vec::new();
+    for c in images {
+        let item = match c.ptx_version {
+            Some((a, b)) if c.target.virtual_arch => format!("{} (PTX {a}.{b})", c.target),
+            None if c.target.virtual_arch => format!("{} (PTX, .version unknown)", c.target),
+            _ => c.target.to_string(),
+        };
+        match groups.iter_mut().find(|(t, _)| *t == c.toolchain) {
+            Some((_, items)) => items.push(item),
+            None => groups.push((c.toolchain, vec![item])),
+        }
+    }
+    if groups.is_empty() {
+        return "none".into();
+    }
+    groups
+        .iter()
+        .map(|(t, items)| format!("CUDA {t}: {}", items.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Pick the image of one module to load on `device` under `policy`.
@@ -283,84 +349,85 @@ pub fn select_image(
     policy: Policy,
     images: &[ImageCandidate],
 ) -> Result<Selection, NoImageError> {
-    if policy != Policy::PtxOnly {
-        // Exact beats compatible; among compatible the highest minor; among exact `a` > `f` > baseline.
-        let best_sass = images
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| sass_fit(c.target, device).map(|r| (i, c, r)))
-            .max_by_key(|(_, c, r)| {
-                (
-                    *r == Reason::ExactSass,
-                    c.target.sm,
-                    variant_rank(c.target.variant),
-                )
-            });
-        if let Some((index, c, reason)) = best_sass {
-            return Ok(Selection {
-                index,
-                target: c.target,
-                reason,
-            });
+    // What each image fits on this GPU (driver aside), and whether the driver can load it.
+    let mut refused = Vec::new();
+    // The oldest driver any image that fits this GPU would need, with that image.
+    let mut oldest: Option<(Version, String)> = None;
+    let mut usable = Vec::new();
+    for (i, c) in images.iter().enumerate() {
+        let sass = (policy != Policy::PtxOnly)
+            .then(|| sass_fit(c.target, device))
+            .flatten();
+        let ptx = policy != Policy::SassOnly && ptx_arch_fits(c.target, device.capability);
+        if sass.is_none() && !ptx {
+            continue;
         }
+        let min_driver = match min_driver_for_image(c) {
+            Ok(v) => v,
+            Err(why) => {
+                refused.push(why);
+                continue;
+            }
+        };
+        if min_driver > device.driver {
+            refused.push(match c.ptx_version {
+                Some((a, b)) if c.target.virtual_arch => format!(
+                    "{} has PTX ISA {a}.{b}, which needs driver >= {min_driver}",
+                    describe(c)
+                ),
+                _ => format!("{} needs driver >= {min_driver}", describe(c)),
+            });
+            if oldest.as_ref().is_none_or(|(v, _)| min_driver < *v) {
+                oldest = Some((min_driver, describe(c)));
+            }
+            continue;
+        }
+        usable.push((i, c, sass, min_driver));
     }
 
-    let mut refused_ptx = Vec::new();
-    if policy != Policy::SassOnly {
-        let mut best: Option<(usize, &ImageCandidate, (u32, u32), Version)> = None;
-        for (i, c) in images.iter().enumerate() {
-            if !ptx_arch_fits(c.target, device.capability) {
-                continue;
-            }
-            let Some(isa) = c.ptx_version else {
-                refused_ptx.push(format!(
-                    "{} has no recorded .version, so its driver needs are unknown",
-                    c.target
-                ));
-                continue;
-            };
-            let Some(min_driver) = min_driver_for_ptx_isa(isa) else {
-                refused_ptx.push(format!(
-                    "{} has PTX ISA {}.{}, which this dispatcher does not know",
-                    c.target, isa.0, isa.1
-                ));
-                continue;
-            };
-            if min_driver > device.driver {
-                refused_ptx.push(format!(
-                    "{} has PTX ISA {}.{}, which needs driver >= {min_driver}",
-                    c.target, isa.0, isa.1
-                ));
-                continue;
-            }
-            let rank = |t: Target| (t.sm, variant_rank(t.variant));
-            let better = match best {
-                None => true,
-                Some((_, b, _, _)) => rank(c.target) > rank(b.target),
-            };
-            if better {
-                best = Some((i, c, isa, min_driver));
-            }
-        }
-        if let Some((index, c, isa, min_driver)) = best {
-            let forced = policy == Policy::PtxOnly;
-            return Ok(Selection {
-                index,
-                target: c.target,
-                reason: Reason::PtxJit {
-                    isa,
-                    min_driver,
-                    forced,
-                },
-            });
-        }
+    // Exact beats compatible; among compatible the highest minor; among exact `a` > `f` >
+    // baseline; then the newest toolchain.
+    let best_sass = usable
+        .iter()
+        .filter_map(|&(i, c, sass, min)| sass.map(|r| (i, c, r, min)))
+        .max_by_key(|(_, c, r, _)| {
+            (
+                *r == Reason::ExactSass,
+                c.target.sm,
+                variant_rank(c.target.variant),
+                c.toolchain,
+            )
+        });
+    if let Some((index, c, reason, min_driver)) = best_sass {
+        return Ok(Selection {
+            index,
+            target: c.target,
+            reason,
+            toolchain: c.toolchain,
+            min_driver,
+        });
+    }
+    // The highest virtual architecture the driver can load, then the newest toolchain.
+    let best_ptx = usable
+        .iter()
+        .filter(|(_, c, _, _)| c.target.virtual_arch)
+        .max_by_key(|(_, c, _, _)| (c.target.sm, variant_rank(c.target.variant), c.toolchain));
+    if let Some(&(index, c, _, min_driver)) = best_ptx {
+        // min_driver_for_image succeeded, so the ISA is recorded and known.
+        let isa = c.ptx_version.unwrap_or_default();
+        return Ok(Selection {
+            index,
+            target: c.target,
+            reason: Reason::PtxJit {
+                isa,
+                min_driver,
+                forced: policy == Policy::PtxOnly,
+            },
+            toolchain: c.toolchain,
+            min_driver,
+        });
     }
 
-    let present = if images.is_empty() {
-        "none".to_string()
-    } else {
-        images.iter().map(describe).collect::<Vec<_>>().join(", ")
-    };
     let cap = device.capability;
     let sass_need = if device.integrated {
         format!(
@@ -389,13 +456,19 @@ pub fn select_image(
         Policy::SassOnly => format!("needs {sass_need} (policy sass-only refuses PTX JIT)"),
         Policy::PtxOnly => format!("needs {isa_need} (policy ptx-only ignores SASS)"),
     };
-    if !refused_ptx.is_empty() {
-        needed.push_str(&format!("; refused: {}", refused_ptx.join("; ")));
+    if let Some((version, image)) = &oldest {
+        needed.push_str(&format!(
+            "; the driver (CUDA {}) is older than every image that fits this GPU: the oldest, {image}, needs driver >= {version}. Update the NVIDIA driver to one that supports CUDA {version} or later (nvidia-smi shows the CUDA version it supports)",
+            device.driver
+        ));
+    }
+    if !refused.is_empty() {
+        needed.push_str(&format!("; refused: {}", refused.join("; ")));
     }
     Err(NoImageError {
         device: *device,
         policy,
-        present,
+        present: describe_all(images),
         needed,
     })
 }

@@ -1,10 +1,11 @@
 //! The dispatcher's view of a module: its entries and images, taken from the embedded registry
 //! or handed in by a caller (a registry subset, or an altered image in a test).
 
-use fatbin_verify::Target;
+use fatbin_verify::{CudaRelease, Target};
 
+use super::policy::ToolchainChoice;
 use super::select::ImageCandidate;
-use crate::registry::{self, ModuleRecord};
+use crate::registry::{self, ModuleKind, ModuleRecord};
 
 /// Where an image's bytes live; only `'static` registry bytes may skip re-hashing.
 #[derive(Debug, Clone)]
@@ -25,6 +26,8 @@ impl ImageBytes {
 /// One image: a cubin (`sm_XY`) or PTX text (`compute_XY`, without a trailing NUL).
 #[derive(Debug, Clone)]
 pub struct ImageSource {
+    /// CUDA release of the toolchain that made it.
+    pub toolchain: CudaRelease,
     pub target: Target,
     /// Lower-case hex sha256 the build recorded for these bytes.
     pub sha256: String,
@@ -42,6 +45,7 @@ impl ImageSource {
         ImageCandidate {
             target: self.target,
             ptx_version: self.ptx_version,
+            toolchain: self.toolchain,
         }
     }
 }
@@ -51,6 +55,11 @@ pub struct ModuleSource {
     pub name: String,
     pub entries: Vec<String>,
     pub images: Vec<ImageSource>,
+    /// The toolchains the build made this module with, newest first, whatever `images` has been
+    /// cut to since (a toolchain choice, a test's subset). A module made with fewer toolchains
+    /// than the others (the Triton modules: CUDA 13 only) is unavailable, not an error, where
+    /// none of its toolchains can serve (see `plan`).
+    pub toolchains: Vec<CudaRelease>,
 }
 
 impl ModuleSource {
@@ -59,16 +68,21 @@ impl ModuleSource {
             .images
             .iter()
             .map(|img| ImageSource {
+                toolchain: img.toolchain,
                 target: img.target,
                 sha256: img.sha256.to_string(),
                 ptx_version: img.ptx_version,
                 bytes: ImageBytes::Static(img.bytes()),
             })
             .collect();
+        let mut toolchains: Vec<CudaRelease> = record.images.iter().map(|i| i.toolchain).collect();
+        toolchains.sort_by(|a, b| b.cmp(a));
+        toolchains.dedup();
         ModuleSource {
             name: record.name.to_string(),
             entries: record.entries.iter().map(|e| e.to_string()).collect(),
             images,
+            toolchains,
         }
     }
 
@@ -80,8 +94,32 @@ impl ModuleSource {
             .collect()
     }
 
-    /// The same module as a build without `target` would carry: the honest way to test a
-    /// fallback without rebuilding.
+    /// The registry's modules of one kind, in manifest order (the Qwen3 runner launches the
+    /// `cuda` modules only).
+    pub fn registry_of_kind(kind: ModuleKind) -> Vec<ModuleSource> {
+        registry::modules()
+            .iter()
+            .filter(|r| r.kind == kind)
+            .map(ModuleSource::from_record)
+            .collect()
+    }
+
+    /// Every module of the embedded registry, limited to the images `choice` allows.
+    pub fn registry_with(choice: ToolchainChoice) -> Vec<ModuleSource> {
+        Self::registry()
+            .into_iter()
+            .map(|m| m.with_toolchains(choice))
+            .collect()
+    }
+
+    /// The same module with only the images `choice` allows (`cuda12`: the CUDA 12 ones), as a
+    /// build of that toolchain alone would carry them.
+    pub fn with_toolchains(self, choice: ToolchainChoice) -> Self {
+        self.retain_images(|img| choice.allows(img.toolchain))
+    }
+
+    /// The same module as a build without `target` (of any toolchain) would carry: the honest
+    /// way to test a fallback without rebuilding.
     pub fn without_target(mut self, target: Target) -> Self {
         self.images.retain(|img| img.target != target);
         self

@@ -1,7 +1,12 @@
 //! The one thin layer that launches kernels: shape checks, then the unsafe driver launch.
 //! Typed launchers in the op modules build on [`launch`]; nothing above them sees raw pointers.
 
-use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use std::marker::PhantomData;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
 
 use crate::dispatch::{DispatchError, LoadedKernels};
 
@@ -12,6 +17,30 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::rmsnorm::MODULE, super::rmsnorm::ENTRY_FUSED_ADD),
     (super::rotary::MODULE, super::rotary::ENTRY),
     (super::activation::MODULE, super::activation::ENTRY),
+    (super::gemv::MODULE, super::gemv::ENTRY_PLAIN),
+    (super::gemv::MODULE, super::gemv::ENTRY_NORM),
+    (super::attention::MODULE, super::attention::ENTRY_D64),
+    (super::attention::MODULE, super::attention::ENTRY_D128),
+    (super::attention::MODULE, super::attention::ENTRY_D256),
+    (super::embedding::MODULE, super::embedding::ENTRY),
+    (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
+    (super::gemm::MODULE, super::gemm::ENTRY_BF16),
+    (super::gemm::MODULE, super::gemm::ENTRY_F32),
+    (super::qk_norm_rope::MODULE, super::qk_norm_rope::ENTRY),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D64,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D128,
+    ),
+    (
+        super::attention_prefill::MODULE,
+        super::attention_prefill::ENTRY_D256,
+    ),
+    (super::sampling::MODULE, super::sampling::ENTRY),
+    (super::bench::MODULE, super::bench::ENTRY),
     (
         super::gated_delta_net::MODULE_CONV,
         super::gated_delta_net::ENTRY_CONV,
@@ -68,6 +97,43 @@ pub(crate) fn check_len<T>(
     Ok(())
 }
 
+/// Checks that `slice` holds `rows` rows of `row_len` elements whose starts are `stride` apart.
+pub(crate) fn check_rows<T>(
+    op: &'static str,
+    what: &str,
+    slice: &CudaSlice<T>,
+    rows: usize,
+    row_len: usize,
+    stride: usize,
+) -> Result<(), OpsError> {
+    if stride < row_len {
+        return Err(OpsError::Shape {
+            op,
+            message: format!("`{what}` row stride {stride} is shorter than a row ({row_len})"),
+        });
+    }
+    let want = match rows {
+        0 => 0,
+        _ => (rows - 1)
+            .checked_mul(stride)
+            .and_then(|n| n.checked_add(row_len))
+            .ok_or_else(|| OpsError::Shape {
+                op,
+                message: format!("`{what}`: {rows} rows {stride} apart overflow the address space"),
+            })?,
+    };
+    if slice.len() < want {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "`{what}` holds {} elements, {rows} rows of {row_len} with stride {stride} need {want}",
+                slice.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The number of elements of a shape, or a shape error if it does not fit in memory.
 pub(crate) fn elements(op: &'static str, what: &str, dims: &[usize]) -> Result<usize, OpsError> {
     dims.iter()
@@ -85,6 +151,25 @@ pub(crate) fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32, OpsE
     })
 }
 
+/// `n` as a grid dimension (x allows up to 2^31 - 1 blocks, y and z 65535: pass the limit).
+pub(crate) fn grid_dim(
+    op: &'static str,
+    what: &str,
+    n: usize,
+    limit: u32,
+) -> Result<u32, OpsError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&v| v >= 1 && v <= limit)
+        .ok_or_else(|| OpsError::Shape {
+            op,
+            message: format!("{n} {what} do not fit one launch (1..={limit})"),
+        })
+}
+
+/// The largest x grid dimension.
+pub(crate) const MAX_GRID_X: u32 = i32::MAX as u32;
+
 /// Threads per block for a row of `work` items: a whole number of warps, at most 1024.
 pub(crate) fn block_threads(work: usize) -> u32 {
     (work.max(1).next_multiple_of(32)).min(1024) as u32
@@ -93,11 +178,181 @@ pub(crate) fn block_threads(work: usize) -> u32 {
 /// A kernel argument, in the order of the kernel's parameter list.
 pub(crate) enum Arg<'a> {
     Out(&'a mut CudaSlice<half::bf16>),
+    OutF32(&'a mut CudaSlice<f32>),
+    OutI32(&'a mut CudaSlice<i32>),
     In(&'a CudaSlice<half::bf16>),
     InI32(&'a CudaSlice<i32>),
+    InU32(&'a CudaSlice<u32>),
+    InU64(&'a CudaSlice<u64>),
     InF32(&'a CudaSlice<f32>),
     I32(i32),
+    U64(u64),
     F32(f32),
+}
+
+/// A read-only device buffer of `T` (a whole allocation or a view of one), as launchers take it.
+/// The address stays private to the launch layer.
+#[derive(Debug)]
+pub struct DevRef<'a, T> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a T>,
+}
+
+impl<T> Clone for DevRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevRef<'_, T> {}
+
+/// A writable device buffer of `T`.
+#[derive(Debug)]
+pub struct DevMut<'a, T> {
+    ptr: u64,
+    len: usize,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+impl<'a, T> DevRef<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements from `start` on (an error if `start` is past the end).
+    pub fn skip(self, start: usize) -> Result<DevRef<'a, T>, OpsError> {
+        if start > self.len {
+            return Err(OpsError::Shape {
+                op: "buffer view",
+                message: format!(
+                    "offset {start} is past the end of a {}-element buffer",
+                    self.len
+                ),
+            });
+        }
+        Ok(DevRef {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len: self.len - start,
+            _borrow: PhantomData,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<'a, T> DevMut<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reborrows as read-only.
+    pub fn as_ref(&self) -> DevRef<'_, T> {
+        DevRef {
+            ptr: self.ptr,
+            len: self.len,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The elements from `start` on.
+    pub fn skip(self, start: usize) -> Result<DevMut<'a, T>, OpsError> {
+        if start > self.len {
+            return Err(OpsError::Shape {
+                op: "buffer view",
+                message: format!(
+                    "offset {start} is past the end of a {}-element buffer",
+                    self.len
+                ),
+            });
+        }
+        Ok(DevMut {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len: self.len - start,
+            _borrow: PhantomData,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// A read-only view of a device allocation (or cudarc view) on the kernels' stream.
+pub fn dev<'a, T>(kernels: &'a LoadedKernels, buf: &'a impl DevicePtr<T>) -> DevRef<'a, T> {
+    let (ptr, _sync) = buf.device_ptr(kernels.stream());
+    DevRef {
+        ptr,
+        len: buf.len(),
+        _borrow: PhantomData,
+    }
+}
+
+/// A writable view of a device allocation on the kernels' stream.
+pub fn dev_mut<'a, T>(
+    kernels: &'a LoadedKernels,
+    buf: &'a mut impl DevicePtrMut<T>,
+) -> DevMut<'a, T> {
+    let len = buf.len();
+    let (ptr, _sync) = buf.device_ptr_mut(kernels.stream());
+    DevMut {
+        ptr,
+        len,
+        _borrow: PhantomData,
+    }
+}
+
+/// Checks that a view holds at least the elements of shape `dims`.
+pub(crate) fn check_view(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    dims: &[usize],
+) -> Result<(), OpsError> {
+    let want = elements(op, what, dims)?;
+    if len < want {
+        return Err(OpsError::Shape {
+            op,
+            message: format!("`{what}` holds {len} elements, the shape needs {want}"),
+        });
+    }
+    Ok(())
+}
+
+/// Launches `entry` with one by-value parameter block (a `#[repr(C)]` mirror of the kernel's
+/// struct, filled from checked views). Raises the function's dynamic shared-memory limit first
+/// when static plus dynamic shared memory pass the default 48 KiB.
+pub(crate) fn launch_params<P: DeviceRepr>(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    module: &str,
+    entry: &str,
+    cfg: LaunchConfig,
+    params: &P,
+) -> Result<(), OpsError> {
+    let function: CudaFunction = kernels.function(module, entry)?;
+    if cfg.shared_mem_bytes > 0 {
+        kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
+    }
+    let stream = kernels.stream();
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(params);
+    // SAFETY: `P` mirrors the kernel's parameter struct field for field (see each op's module),
+    // every address in it comes from a view the launcher checked against the kernel's shapes,
+    // and the views borrow their allocations for the duration of this call; the launch is
+    // ordered on the kernels' single stream, before any later free of those allocations.
+    unsafe { builder.launch(cfg) }
+        .map(|_| ())
+        .map_err(|source| OpsError::Driver { op, source })
 }
 
 /// Launches `entry` of `module` with arguments whose shapes the caller has checked.
@@ -110,16 +365,24 @@ pub(crate) fn launch(
     args: &mut [Arg<'_>],
 ) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
+    if cfg.shared_mem_bytes > 0 {
+        kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
+    }
     let stream = kernels.stream();
     let mut builder = stream.launch_builder(&function);
     // Scalars are pushed by reference; they live in `args` until the launch returns.
     for arg in args.iter_mut() {
         match arg {
             Arg::Out(s) => builder.arg(&mut **s),
+            Arg::OutF32(s) => builder.arg(&mut **s),
+            Arg::OutI32(s) => builder.arg(&mut **s),
             Arg::In(s) => builder.arg(&**s),
             Arg::InI32(s) => builder.arg(&**s),
+            Arg::InU32(s) => builder.arg(&**s),
+            Arg::InU64(s) => builder.arg(&**s),
             Arg::InF32(s) => builder.arg(&**s),
             Arg::I32(v) => builder.arg(&*v),
+            Arg::U64(v) => builder.arg(&*v),
             Arg::F32(v) => builder.arg(&*v),
         };
     }

@@ -6,7 +6,6 @@
 //! uses `32 * num_warps` threads, the loaded image's `shared` bytes of dynamic shared memory, the
 //! two scratch pointers Triton appends, and checks every argument against the signature.
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use fatbin_verify::{Target, Variant};
 use half::bf16;
@@ -185,7 +184,7 @@ impl<'k> TritonKernel<'k> {
             .find(|m| m.module == module)
             .ok_or_else(|| OpsError::Shape {
                 op,
-                message: format!("module `{module}` is not loaded; load every registry module (load_all) or include it"),
+                message: format!("module `{module}` is not loaded: load it (load_all loads every module that has an image here; on a driver older than 13.0 the Triton modules have none, being built with CUDA 13 only: `qwen-decode kernels` shows what each needs)"),
             })?;
         let image = record.image(loaded.target).ok_or_else(|| OpsError::Shape {
             op,
@@ -272,14 +271,14 @@ impl<'k> TritonKernel<'k> {
             });
         }
         let driver = |source| OpsError::Driver { op, source };
-        // Above 48 KiB the driver wants the function's dynamic shared memory limit raised first.
-        if self.image.shared > 48 * 1024 {
-            self.function
-                .set_attribute(
-                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    self.image.shared as i32,
-                )
-                .map_err(driver)?;
+        // Past 48 KiB the driver wants an opt-in (once per function and size; the dispatcher
+        // checks the device's limit and names it in the error).
+        if self.image.shared > 0 {
+            self.kernels.allow_dynamic_smem(
+                self.record.module,
+                self.record.entry,
+                self.image.shared as usize,
+            )?;
         }
         let stream = self.kernels.stream();
         let programs = u64::from(grid.0) * u64::from(grid.1) * u64::from(grid.2);

@@ -10,7 +10,7 @@ use fatbin_verify::verify::{verify, FileImages};
 use fatbin_verify::{list_images, Target};
 
 fn manifest_and_lock() -> (Manifest, Lock) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     (
         Manifest::from_path(&root.join("aot-manifest.toml")).unwrap(),
         Lock::from_path(&root.join("aot-manifest.lock")).unwrap(),
@@ -70,5 +70,34 @@ fn one_flipped_byte_in_one_image_names_its_module_and_target() {
 
     let out = check("qwen-decode (tampered)", &std::fs::read(&copy).unwrap());
     assert_eq!(out.len(), 1, "exactly one discrepancy: {out:#?}");
-    assert!(out[0].starts_with("rotary sm_110: sha256 "), "{}", out[0]);
+    assert!(
+        out[0].starts_with("rotary sm_110 (CUDA 13.0): sha256 "),
+        "{}",
+        out[0]
+    );
+}
+
+#[test]
+fn one_flipped_byte_in_a_cuda12_image_names_its_toolchain() {
+    require_full_build();
+    let mut bytes = std::fs::read(env!("CARGO_BIN_EXE_qwen-decode")).unwrap();
+    // Orin's CUDA 12 activation image (what JetPack 6 runs): ELF ABI 7, so CUDA 12.
+    let images = list_images(&bytes).unwrap();
+    let image = images
+        .iter()
+        .find(|i| {
+            i.target == Some(Target::sass(87))
+                && i.elf_abi == Some(7)
+                && i.kernels.iter().any(|k| k == "silu_and_mul_bf16")
+        })
+        .expect("the binary embeds activation sm_87 of CUDA 12");
+    let range = image.raw_range.clone().expect("embedded uncompressed");
+    bytes[range.start + range.len() / 2] ^= 0x40;
+    let out = check("qwen-decode (tampered)", &bytes);
+    assert_eq!(out.len(), 1, "exactly one discrepancy: {out:#?}");
+    assert!(
+        out[0].starts_with("activation sm_87 (CUDA 12.9): sha256 "),
+        "{}",
+        out[0]
+    );
 }

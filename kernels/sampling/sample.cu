@@ -1,0 +1,345 @@
+// Token sampling, bit for bit the definition in src/ops/sampling.rs (its doc comment is the spec):
+// greedy argmax, or temperature / top-k / top-p with integer masses and a counter-based draw.
+//
+// One block per row of logits, no sort: the kept set is always a prefix of the rank order
+// (scaled value descending by its order-preserving key, index ascending), so it is described by
+// a threshold (key K, index I): kept = {key > K} + {key == K and index <= I}. Thresholds come from
+// radix selection over the 32-bit keys (digits of 11, 11 and 10 bits) with integer histograms:
+// counts for top-k, u64 mass sums for top-p. Ties at the threshold key all have the same scaled
+// value, hence the same mass, so how many of them a cut needs is one integer division; which ones
+// (the lowest indices) is one scan in index order. The draw walks the kept set in index order with
+// one block-wide prefix sum. Every sum is an integer sum, so the result does not depend on the
+// order of additions (no float atomics anywhere).
+//
+// Each pass re-reads the row (it stays in L2) and recomputes s = l / temperature and the key, the
+// same fp32 operations each time.
+#include "aot_common.cuh"
+#include "aot_random.cuh"
+#include "aot_sampling.cuh"
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxBins = 2048;
+constexpr unsigned kFull = 0xffffffffu;
+// src/ops/sampling.rs::SAMPLE_STREAM ("SAMPLE").
+constexpr uint64_t kSampleStream = 0x53414d504c45ull;
+
+struct Shared {
+    uint32_t count[kMaxBins];
+    unsigned long long mass[kMaxBins];
+    uint64_t scratch[kWarps];
+    // Results that one thread finds and every thread reads after a barrier.
+    uint32_t found_bin;
+    uint32_t found_count;
+    uint64_t found_below;
+    int found_index;
+};
+
+__device__ __forceinline__ float scaled_logit(float l, float temperature) {
+    return isnan(l) ? aot::neg_inf() : __fdiv_rn(l, temperature);
+}
+
+__device__ __forceinline__ bool in_prefix(uint32_t key, int index, uint32_t k, int i) {
+    return key > k || (key == k && index <= i);
+}
+
+__device__ uint64_t block_max(uint64_t v, uint64_t* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    uint64_t m = scratch[0];
+    for (int w = 1; w < kWarps; ++w) m = max(m, scratch[w]);
+    __syncthreads();
+    return m;
+}
+
+// Exclusive prefix sum over the block in thread order; `total` gets the sum of all.
+__device__ uint64_t block_exclusive_scan(uint64_t v, uint64_t* scratch, uint64_t& total) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    uint64_t x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t y = __shfl_up_sync(kFull, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) scratch[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        uint64_t w = scratch[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint64_t y = __shfl_up_sync(kFull, w, o);
+            if (lane >= o) w += y;
+        }
+        scratch[lane] = w;
+    }
+    __syncthreads();
+    const uint64_t before = warp > 0 ? scratch[warp - 1] : 0;
+    total = scratch[kWarps - 1];
+    __syncthreads();
+    return before + x - v;
+}
+
+// Adds each lane's (bin, mass) to the histograms. Lanes that share a bin are combined first
+// (logits crowd into few bins, and same-address shared atomics serialise); after a few rounds the
+// remaining lanes add on their own. Integer sums: the result is the same in any order.
+template <bool kWithMass>
+__device__ __forceinline__ void histogram_add(Shared& sh, bool has, uint32_t bin, uint64_t mass) {
+    const int lane = threadIdx.x & 31;
+    unsigned todo = __ballot_sync(kFull, has);
+    for (int round = 0; round < 4 && todo != 0; ++round) {
+        const int leader = __ffs(todo) - 1;
+        const uint32_t b = __shfl_sync(kFull, bin, leader);
+        const bool mine = ((todo >> lane) & 1u) && bin == b;
+        const unsigned peers = __ballot_sync(kFull, mine);
+        if (kWithMass) {
+            // mass <= 2^32: two 16-bit halves summed over at most 32 lanes fit in 32 bits.
+            const uint32_t hi = __reduce_add_sync(kFull, mine ? static_cast<uint32_t>(mass >> 16) : 0u);
+            const uint32_t lo = __reduce_add_sync(kFull, mine ? static_cast<uint32_t>(mass & 0xffffu) : 0u);
+            if (lane == leader) atomicAdd(&sh.mass[b], (static_cast<unsigned long long>(hi) << 16) + lo);
+        }
+        if (lane == leader) atomicAdd(&sh.count[b], static_cast<uint32_t>(__popc(peers)));
+        todo &= ~peers;
+    }
+    if ((todo >> lane) & 1u) {
+        if (kWithMass) atomicAdd(&sh.mass[bin], static_cast<unsigned long long>(mass));
+        atomicAdd(&sh.count[bin], 1u);
+    }
+}
+
+struct Row {
+    const float* logits;
+    int vocab;
+    float temperature;
+    float max;  // the top-ranked scaled value
+
+    __device__ float scaled(int i) const { return scaled_logit(logits[i], temperature); }
+};
+
+// One digit of a radix selection over the keys of the elements in `set` whose key matches
+// `prefix` above the digit. Walking the bins from the top, finds the bin where the running total
+// (count, or mass when kByMass) first reaches `need`; returns it in sh.found_* (the total of the
+// bins above it in found_below, its count in found_count).
+template <bool kByMass>
+__device__ void radix_digit(Shared& sh, const Row& row, uint32_t prefix, int shift, int bits, uint32_t set_key,
+                            int set_index, uint64_t need) {
+    const int bins = 1 << bits;
+    const uint32_t high_mask = (shift + bits >= 32) ? 0u : (~0u << (shift + bits));
+    for (int b = threadIdx.x; b < bins; b += kThreads) {
+        sh.count[b] = 0;
+        if (kByMass) sh.mass[b] = 0;
+    }
+    __syncthreads();
+    for (int base = 0; base < row.vocab; base += kThreads) {
+        const int i = base + threadIdx.x;
+        bool has = false;
+        uint32_t bin = 0;
+        uint64_t mass = 0;
+        if (i < row.vocab) {
+            const float s = row.scaled(i);
+            const uint32_t key = aot::logit_key(s);
+            has = ((key ^ prefix) & high_mask) == 0 && in_prefix(key, i, set_key, set_index);
+            bin = (key >> shift) & static_cast<uint32_t>(bins - 1);
+            if (kByMass && has) {
+                mass = aot::sample_mass(s, row.max);
+                has = mass != 0;  // a zero mass changes no sum
+            }
+        }
+        histogram_add<kByMass>(sh, has, bin, mass);
+    }
+    __syncthreads();
+    // Thread t owns descending positions [t * per, (t + 1) * per); position p is bin bins - 1 - p.
+    const int per = bins / kThreads;
+    uint64_t local = 0;
+    for (int j = 0; j < per; ++j) {
+        const int b = bins - 1 - (threadIdx.x * per + j);
+        local += kByMass ? sh.mass[b] : sh.count[b];
+    }
+    uint64_t total;
+    uint64_t below = block_exclusive_scan(local, sh.scratch, total);
+    for (int j = 0; j < per; ++j) {
+        const int b = bins - 1 - (threadIdx.x * per + j);
+        const uint64_t h = kByMass ? sh.mass[b] : sh.count[b];
+        if (below < need && need <= below + h) {
+            sh.found_bin = static_cast<uint32_t>(b);
+            sh.found_count = sh.count[b];
+            sh.found_below = below;
+        }
+        below += h;
+    }
+    __syncthreads();
+}
+
+// The index of the n-th (1-based) element in index order whose key is `key`; n must not exceed
+// their number. Each thread scans a contiguous chunk so that thread order is index order.
+__device__ int nth_index_with_key(Shared& sh, const Row& row, uint32_t key, uint32_t n) {
+    const int chunk = (row.vocab + kThreads - 1) / kThreads;
+    const int begin = min(row.vocab, static_cast<int>(threadIdx.x) * chunk);
+    const int end = min(row.vocab, begin + chunk);
+    uint32_t local = 0;
+    for (int i = begin; i < end; ++i) local += aot::logit_key(row.scaled(i)) == key;
+    uint64_t total;
+    const uint64_t before = block_exclusive_scan(local, sh.scratch, total);
+    if (before < n && n <= before + local) {
+        uint64_t c = before;
+        for (int i = begin; i < end; ++i) {
+            if (aot::logit_key(row.scaled(i)) == key && ++c == n) {
+                sh.found_index = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int found = sh.found_index;
+    __syncthreads();
+    return found;
+}
+
+// Rank order as one 64-bit value: the larger key first, then the lower index.
+__device__ __forceinline__ uint64_t rank_word(uint32_t key, int i) {
+    return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(i));
+}
+
+}  // namespace
+
+// tokens[b] = the token sampled from row b of `logits` (vocab values, rows row_stride apart) under
+// the row's temperature, top_k, top_p, seed and counter. Grid: one block of 1024 threads per row.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    sample_tokens(int* __restrict__ tokens, const float* __restrict__ logits, int vocab, int row_stride,
+                  const float* __restrict__ temperature, const uint32_t* __restrict__ top_k,
+                  const float* __restrict__ top_p, const uint64_t* __restrict__ seed,
+                  const uint64_t* __restrict__ counter) {
+    __shared__ Shared sh;
+    const int b = blockIdx.x;
+    const float* l = logits + static_cast<int64_t>(b) * row_stride;
+    const float temp = temperature[b];
+    const uint32_t k_param = top_k[b];
+
+    if (temp == 0.0f || k_param == 1) {
+        // Greedy: the largest raw logit, lowest index on ties, NaN below -inf.
+        uint64_t best = 0;
+        for (int i = threadIdx.x; i < vocab; i += kThreads) best = max(best, rank_word(aot::logit_key(l[i]), i));
+        best = block_max(best, sh.scratch);
+        if (threadIdx.x == 0) tokens[b] = static_cast<int>(~static_cast<uint32_t>(best));
+        return;
+    }
+
+    Row row{l, vocab, temp, 0.0f};
+    // The top-ranked token and the largest scaled value.
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) best = max(best, rank_word(aot::logit_key(row.scaled(i)), i));
+    best = block_max(best, sh.scratch);
+    const uint32_t top_key = static_cast<uint32_t>(best >> 32);
+    const int top_index = static_cast<int>(~static_cast<uint32_t>(best));
+    row.max = row.scaled(top_index);
+    if (row.max == aot::neg_inf()) {
+        if (threadIdx.x == 0) tokens[b] = top_index;
+        return;
+    }
+
+    // Radix digits over the 32-bit keys, most significant first: bits 31..21, 20..10, 9..0.
+    constexpr int kShift[3] = {21, 10, 0};
+    constexpr int kBits[3] = {11, 11, 10};
+
+    // top-k: the first min(top_k, vocab) in rank order.
+    uint32_t set_key = 0;  // every key is >= 0: with set_index = vocab - 1 this keeps everything
+    int set_index = vocab - 1;
+    const uint32_t kept = k_param > 0 ? min(k_param, static_cast<uint32_t>(vocab)) : static_cast<uint32_t>(vocab);
+    if (kept < static_cast<uint32_t>(vocab)) {
+        uint32_t prefix = 0;
+        uint64_t need = kept;
+        uint32_t ties = 0;
+#pragma unroll
+        for (int d = 0; d < 3; ++d) {
+            radix_digit<false>(sh, row, prefix, kShift[d], kBits[d], 0u, vocab - 1, need);
+            prefix |= sh.found_bin << kShift[d];
+            need -= sh.found_below;
+            ties = sh.found_count;
+            __syncthreads();
+        }
+        set_key = prefix;
+        set_index = need < ties ? nth_index_with_key(sh, row, prefix, static_cast<uint32_t>(need)) : vocab - 1;
+    }
+
+    // top-p: the shortest rank-order prefix of the top-k set whose mass reaches ceil(top_p * Z_k).
+    const float p = top_p[b];
+    if (p < 1.0f) {
+        uint64_t local = 0;
+        for (int i = threadIdx.x; i < vocab; i += kThreads) {
+            const float s = row.scaled(i);
+            if (in_prefix(aot::logit_key(s), i, set_key, set_index)) local += aot::sample_mass(s, row.max);
+        }
+        uint64_t z_k;
+        block_exclusive_scan(local, sh.scratch, z_k);
+        const double c = ceil(__dmul_rn(static_cast<double>(p), static_cast<double>(z_k)));
+        const uint64_t target = c > 0.0 ? static_cast<uint64_t>(c) : 0;
+        if (target == 0) {
+            set_key = top_key;
+            set_index = top_index;
+        } else {
+            uint32_t prefix = 0;
+            uint64_t need = target;
+            uint32_t ties = 0;
+            uint64_t tie_mass = 0;
+    #pragma unroll
+        for (int d = 0; d < 3; ++d) {
+                radix_digit<true>(sh, row, prefix, kShift[d], kBits[d], set_key, set_index, need);
+                prefix |= sh.found_bin << kShift[d];
+                need -= sh.found_below;
+                ties = sh.found_count;
+                tie_mass = sh.mass[sh.found_bin];
+                __syncthreads();
+            }
+            // Every tie has the same mass m = tie_mass / ties; ceil(need / m) of them are needed.
+            const uint64_t m = tie_mass / ties;
+            const uint64_t take = (need + m - 1) / m;
+            int index;
+            if (take < ties) {
+                index = nth_index_with_key(sh, row, prefix, static_cast<uint32_t>(take));
+            } else {
+                index = prefix == set_key ? set_index : vocab - 1;
+            }
+            set_key = prefix;
+            set_index = index;
+        }
+    }
+
+    // The draw: t = floor(Z * u / 2^24), then the first kept token in index order whose cumulative
+    // mass exceeds t. Thread chunks are contiguous, so the block scan is a scan in index order.
+    const int chunk = (vocab + kThreads - 1) / kThreads;
+    const int begin = min(vocab, static_cast<int>(threadIdx.x) * chunk);
+    const int end = min(vocab, begin + chunk);
+    uint64_t local = 0;
+    for (int i = begin; i < end; ++i) {
+        const float s = row.scaled(i);
+        if (in_prefix(aot::logit_key(s), i, set_key, set_index)) local += aot::sample_mass(s, row.max);
+    }
+    uint64_t z;
+    const uint64_t before = block_exclusive_scan(local, sh.scratch, z);
+    const uint64_t u = aot::random_u24(seed[b], kSampleStream, counter[b]);
+    const uint64_t lo = z * u;
+    const uint64_t hi = __umul64hi(z, u);
+    const uint64_t t = (hi << 40) | (lo >> 24);
+    if (z == 0) {
+        // Every kept mass is 0 (an infinite logit): the definition falls back to the top-ranked token.
+        if (threadIdx.x == 0) tokens[b] = top_index;
+    } else if (before <= t && t < before + local) {
+        uint64_t cum = before;
+        for (int i = begin; i < end; ++i) {
+            const float s = row.scaled(i);
+            if (in_prefix(aot::logit_key(s), i, set_key, set_index)) {
+                cum += aot::sample_mass(s, row.max);
+                if (cum > t) {
+                    tokens[b] = i;
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,734 @@
+//! The GPU runner: Qwen3 on the AOT kernels of `aot-kernels` (every kernel from the embedded
+//! registry, picked by the dispatcher for this GPU and driver; nothing beyond libcuda at run time).
+//!
+//! Prompt tokens go through the prefill path ([`prefill`]: GEMMs over a chunk). Generated tokens
+//! go through decode passes of 1 to 8 token rows, each a (slot, position, token) of a different
+//! request. Per layer a decode pass is five launches:
+//!
+//! ```text
+//! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v] -> q/k norm, RoPE; k, v into the paged cache
+//! attn     attention  split-KV over each row's cache blocks
+//! o_proj   gemv       h += o
+//! gate_up  gemv_norm  x = rmsnorm(h) -> silu(gate) * up
+//! down     gemv       h += down
+//! ```
+//!
+//! then `lm_head` (with the final norm) and sampling. Every row's result depends on that row
+//! alone (kernels never mix rows), so a request computes the same bits alone or in a batch, and a
+//! prompt the same bits however it is chunked. Passes of a given row count replay a CUDA graph
+//! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens.
+
+pub mod graphs;
+pub mod prefill;
+pub mod weights;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
+use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::ops::attention::{
+    attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
+};
+use aot_kernels::ops::embedding::embedding;
+use aot_kernels::ops::gemv::{
+    gemv, gemv_scratch_needs, residual_groups, GemvInput, GemvOutput, GemvScratch, QkvRope,
+    MAX_TOKENS,
+};
+use aot_kernels::ops::rotary::cos_sin_cache;
+use aot_kernels::ops::sampling::{
+    sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
+};
+use aot_kernels::ops::{dev, dev_mut, OpsError};
+use aot_kernels::registry::ModuleKind;
+use half::bf16;
+use serde::Serialize;
+
+use self::graphs::{graph_decision, GraphDecision};
+use self::weights::DeviceWeights;
+use crate::config::Qwen3Config;
+use crate::kv;
+use crate::runner::{
+    DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan, KV_BLOCK_SIZE,
+};
+use crate::weights::Weights;
+
+/// How to set up the GPU runner.
+#[derive(Debug, Clone)]
+pub struct GpuOptions {
+    pub policy: Policy,
+    /// Request slots (sequences in flight).
+    pub slots: usize,
+    /// KV cache bytes; `None` sizes it from free memory.
+    pub kv_budget: Option<usize>,
+    pub graphs: bool,
+    /// Longest sequence served (sizes the RoPE table and the block tables).
+    pub max_context: usize,
+}
+
+/// Counters for the report.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct GpuStats {
+    pub passes: usize,
+    pub graph_replays: usize,
+    pub graph_captures: usize,
+    pub eager_passes: usize,
+}
+
+/// What a pass returns: each row's sampled token, and the logits of the sampling rows.
+type PassOutput = (Vec<Option<u32>>, Vec<Vec<f32>>);
+
+/// One token row of a forward pass.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    token: u32,
+    pos: usize,
+    slot: usize,
+    sample: Option<SampleRequest>,
+}
+
+/// Per-pass inputs, activations and scratch: fixed buffers, so graphs can replay them.
+struct PassBuffers {
+    tokens: CudaSlice<i32>,
+    positions: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    ctx: CudaSlice<i32>,
+    temperature: CudaSlice<f32>,
+    top_k: CudaSlice<u32>,
+    top_p: CudaSlice<f32>,
+    seed: CudaSlice<u64>,
+    counter: CudaSlice<u64>,
+    sampled: CudaSlice<i32>,
+    h: CudaSlice<bf16>,
+    ssq: CudaSlice<f32>,
+    q: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    logits: CudaSlice<f32>,
+    gemv_ws: CudaSlice<f32>,
+    gemv_counters: CudaSlice<u32>,
+    attn_ml: CudaSlice<f32>,
+    attn_o: CudaSlice<f32>,
+    attn_counters: CudaSlice<u32>,
+}
+
+pub struct GpuRunner {
+    k: LoadedKernels,
+    cfg: Qwen3Config,
+    w: DeviceWeights,
+    k_cache: Vec<CudaSlice<bf16>>,
+    v_cache: Vec<CudaSlice<bf16>>,
+    kv_blocks: usize,
+    rope: CudaSlice<f32>,
+    max_pos: usize,
+    b: PassBuffers,
+    pf: prefill::PrefillBuffers,
+    block_table: CudaSlice<i32>,
+    host_table: Vec<i32>,
+    ld_bt: usize,
+    slots: usize,
+    graphs_on: bool,
+    graphs: HashMap<usize, CudaGraph>,
+    seen: [bool; MAX_TOKENS + 1],
+    stats: GpuStats,
+    setup_s: f64,
+}
+
+pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
+    move |e| RunnerError::Device(format!("{what}: {e}"))
+}
+
+pub(crate) fn ops_err(e: OpsError) -> RunnerError {
+    RunnerError::Device(e.to_string())
+}
+
+impl GpuRunner {
+    /// Loads the kernels (dispatcher, `options.policy`), uploads or generates the weights,
+    /// sizes the KV cache and allocates every buffer.
+    pub fn new(
+        cfg: &Qwen3Config,
+        weights: &Weights,
+        options: &GpuOptions,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<GpuRunner, RunnerError> {
+        let started = Instant::now();
+        // The `cuda` modules only: the runner launches nothing else, and the Triton modules
+        // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs.
+        let k = dispatch::open_device(0)
+            .and_then(|d| {
+                dispatch::load_modules(
+                    &d,
+                    0,
+                    options.policy,
+                    &ModuleSource::registry_of_kind(ModuleKind::Cuda),
+                )
+            })
+            .map_err(|e| RunnerError::Device(e.to_string()))?;
+        let s = k.stream().clone();
+        let w = weights::upload(&k, cfg, weights, progress)?;
+        let zeros_f32 =
+            |n: usize, what: &str| s.alloc_zeros::<f32>(n.max(1)).map_err(dev_err(what));
+        let zeros_bf16 =
+            |n: usize, what: &str| s.alloc_zeros::<bf16>(n.max(1)).map_err(dev_err(what));
+        let zeros_i32 =
+            |n: usize, what: &str| s.alloc_zeros::<i32>(n.max(1)).map_err(dev_err(what));
+        let zeros_u32 =
+            |n: usize, what: &str| s.alloc_zeros::<u32>(n.max(1)).map_err(dev_err(what));
+
+        let (h, i, v, hd) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cfg.head_dim,
+        );
+        let sm = k.sm_count();
+        let mut ws = 0;
+        let mut counters = 0;
+        for (n, kk, group) in [
+            (cfg.qkv_dim(), h, hd),
+            (h, cfg.q_dim(), 32),
+            (2 * i, h, 32),
+            (h, i, 32),
+            (v, h, 32),
+        ] {
+            let (a, c) = gemv_scratch_needs(n, kk, group, sm);
+            ws = ws.max(a);
+            counters = counters.max(c);
+        }
+        let (ml, o, ac) = attn_scratch_needs(
+            MAX_TOKENS,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+        );
+        let b = PassBuffers {
+            tokens: zeros_i32(MAX_TOKENS, "tokens")?,
+            positions: zeros_i32(MAX_TOKENS, "positions")?,
+            slots: zeros_i32(MAX_TOKENS, "slots")?,
+            ctx: zeros_i32(MAX_TOKENS, "context lengths")?,
+            temperature: zeros_f32(MAX_TOKENS, "sampling parameters")?,
+            top_k: s
+                .alloc_zeros::<u32>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            top_p: zeros_f32(MAX_TOKENS, "sampling parameters")?,
+            seed: s
+                .alloc_zeros::<u64>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            counter: s
+                .alloc_zeros::<u64>(MAX_TOKENS)
+                .map_err(dev_err("sampling parameters"))?,
+            sampled: zeros_i32(MAX_TOKENS, "sampled tokens")?,
+            h: zeros_bf16(MAX_TOKENS * h, "hidden")?,
+            ssq: zeros_f32(residual_groups(h) * MAX_TOKENS, "sums of squares")?,
+            q: zeros_bf16(MAX_TOKENS * cfg.q_dim(), "q")?,
+            attn: zeros_bf16(MAX_TOKENS * cfg.q_dim(), "attention out")?,
+            act: zeros_bf16(MAX_TOKENS * i, "mlp activations")?,
+            logits: zeros_f32(MAX_TOKENS * v, "logits")?,
+            gemv_ws: zeros_f32(ws, "gemv workspace")?,
+            gemv_counters: zeros_u32(counters, "gemv counters")?,
+            attn_ml: zeros_f32(ml, "attention workspace")?,
+            attn_o: zeros_f32(o, "attention workspace")?,
+            attn_counters: zeros_u32(ac, "attention counters")?,
+        };
+        let max_pos = options.max_context.min(cfg.max_position_embeddings).max(1);
+        let rope = s
+            .clone_htod(&cos_sin_cache(max_pos, hd, cfg.rope_theta))
+            .map_err(dev_err("RoPE table"))?;
+        let ld_bt = max_pos.div_ceil(KV_BLOCK_SIZE);
+        let slots = options.slots.max(1);
+        let block_table = zeros_i32(slots * ld_bt, "block tables")?;
+        let pf = prefill::PrefillBuffers::new(&k, cfg)?;
+
+        // The KV cache: what the budget holds, but no more than every slot at full context.
+        let (free, _) = k
+            .context()
+            .mem_get_info()
+            .map_err(dev_err("reading free memory"))?;
+        let budget = options.kv_budget.unwrap_or_else(|| kv::gpu_kv_budget(free));
+        let kv_blocks = kv::blocks_in_budget(cfg, budget).min(slots * ld_bt);
+        if kv_blocks == 0 {
+            return Err(RunnerError::Device(format!(
+                "the KV budget of {budget} bytes holds no {}-token block ({} bytes); raise --kv-budget",
+                KV_BLOCK_SIZE,
+                kv::block_bytes(cfg)
+            )));
+        }
+        let per_layer = kv_blocks * cfg.num_key_value_heads * KV_BLOCK_SIZE * hd;
+        let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v_cache = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            k_cache.push(zeros_bf16(per_layer, "KV cache")?);
+            v_cache.push(zeros_bf16(per_layer, "KV cache")?);
+        }
+        s.synchronize().map_err(dev_err("allocating"))?;
+        Ok(GpuRunner {
+            k,
+            cfg: cfg.clone(),
+            w,
+            k_cache,
+            v_cache,
+            kv_blocks,
+            rope,
+            max_pos,
+            b,
+            pf,
+            block_table,
+            host_table: vec![-1; slots * ld_bt],
+            ld_bt,
+            slots,
+            graphs_on: options.graphs,
+            graphs: HashMap::new(),
+            seen: [false; MAX_TOKENS + 1],
+            stats: GpuStats::default(),
+            setup_s: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    pub fn kernels(&self) -> &LoadedKernels {
+        &self.k
+    }
+
+    pub fn stats(&self) -> GpuStats {
+        self.stats
+    }
+
+    /// Makes the device block table of `slot` name `blocks` (uploads the row if it changed).
+    fn set_blocks(&mut self, slot: usize, blocks: &[u32]) -> Result<(), RunnerError> {
+        if slot >= self.slots || blocks.len() > self.ld_bt {
+            return Err(RunnerError::Plan(format!(
+                "slot {slot} with {} blocks: the runner has {} slots of at most {} blocks",
+                blocks.len(),
+                self.slots,
+                self.ld_bt
+            )));
+        }
+        if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.kv_blocks) {
+            return Err(RunnerError::Plan(format!(
+                "block {bad} is past the cache's {} blocks",
+                self.kv_blocks
+            )));
+        }
+        let row: Vec<i32> = (0..self.ld_bt)
+            .map(|j| blocks.get(j).map_or(-1, |&b| b as i32))
+            .collect();
+        let at = slot * self.ld_bt;
+        if self.host_table[at..at + self.ld_bt] != row[..] {
+            let mut view = self.block_table.slice_mut(at..at + self.ld_bt);
+            self.k
+                .stream()
+                .memcpy_htod(&row, &mut view)
+                .map_err(dev_err("block table"))?;
+            self.host_table[at..at + self.ld_bt].copy_from_slice(&row);
+        }
+        Ok(())
+    }
+
+    /// Launches one forward pass over the first `m` rows of the pass buffers.
+    fn launch_forward(&mut self, m: usize, grid_splits: usize) -> Result<(), OpsError> {
+        let c = &self.cfg;
+        let k = &self.k;
+        let b = &mut self.b;
+        let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        embedding(
+            k,
+            dev_mut(k, &mut b.h),
+            h,
+            Some(dev_mut(k, &mut b.ssq)),
+            dev(k, &self.w.embed),
+            v,
+            h,
+            dev(k, &b.tokens),
+            m,
+        )?;
+        let mut ssq_groups = 1;
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            let mut scratch = GemvScratch {
+                ws: dev_mut(k, &mut b.gemv_ws),
+                counters: dev_mut(k, &mut b.gemv_counters),
+            };
+            gemv(
+                k,
+                dev(k, &lw.qkv),
+                c.qkv_dim(),
+                h,
+                m,
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.input_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
+                GemvOutput::QkvRope(QkvRope {
+                    q_out: dev_mut(k, &mut b.q),
+                    ld_q: c.q_dim(),
+                    q_norm: dev(k, &lw.q_norm),
+                    k_norm: dev(k, &lw.k_norm),
+                    eps,
+                    weight_offset: 0.0,
+                    cos_sin: dev(k, &self.rope),
+                    max_pos: self.max_pos,
+                    k_cache: dev_mut(k, &mut self.k_cache[l]),
+                    v_cache: dev_mut(k, &mut self.v_cache[l]),
+                    block_table: dev(k, &self.block_table),
+                    ld_bt: self.ld_bt,
+                    slot_of_row: dev(k, &b.slots),
+                    positions: dev(k, &b.positions),
+                    q_heads: c.num_attention_heads,
+                    kv_heads: c.num_key_value_heads,
+                    head_dim: c.head_dim,
+                }),
+                &mut scratch,
+            )?;
+            attention_decode(
+                k,
+                AttnDecode {
+                    q: dev(k, &b.q),
+                    k_cache: dev(k, &self.k_cache[l]),
+                    v_cache: dev(k, &self.v_cache[l]),
+                    block_table: dev(k, &self.block_table),
+                    ld_bt: self.ld_bt,
+                    slot_of_row: dev(k, &b.slots),
+                    ctx_lens: dev(k, &b.ctx),
+                    out: dev_mut(k, &mut b.attn),
+                    m,
+                    q_heads: c.num_attention_heads,
+                    kv_heads: c.num_key_value_heads,
+                    head_dim: c.head_dim,
+                    grid_splits,
+                },
+                &mut AttnScratch {
+                    ws_ml: dev_mut(k, &mut b.attn_ml),
+                    ws_o: dev_mut(k, &mut b.attn_o),
+                    counters: dev_mut(k, &mut b.attn_counters),
+                },
+            )?;
+            gemv(
+                k,
+                dev(k, &lw.o),
+                h,
+                c.q_dim(),
+                m,
+                &GemvInput::Plain {
+                    x: dev(k, &b.attn),
+                    ld_x: c.q_dim(),
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
+                &mut scratch,
+            )?;
+            ssq_groups = residual_groups(h);
+            gemv(
+                k,
+                dev(k, &lw.gate_up),
+                2 * i,
+                h,
+                m,
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.post_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
+                GemvOutput::SiluMul {
+                    out: dev_mut(k, &mut b.act),
+                    ld_out: i,
+                    intermediate: i,
+                },
+                &mut scratch,
+            )?;
+            gemv(
+                k,
+                dev(k, &lw.down),
+                h,
+                i,
+                m,
+                &GemvInput::Plain {
+                    x: dev(k, &b.act),
+                    ld_x: i,
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
+                &mut scratch,
+            )?;
+        }
+        let mut scratch = GemvScratch {
+            ws: dev_mut(k, &mut b.gemv_ws),
+            counters: dev_mut(k, &mut b.gemv_counters),
+        };
+        gemv(
+            k,
+            dev(k, self.w.lm_head()),
+            v,
+            h,
+            m,
+            &GemvInput::Norm {
+                h: dev(k, &b.h),
+                ld_h: h,
+                ssq: dev(k, &b.ssq),
+                ssq_groups,
+                weight: dev(k, &self.w.final_norm),
+                eps,
+                weight_offset: 0.0,
+            },
+            GemvOutput::F32 {
+                out: dev_mut(k, &mut b.logits),
+                ld_out: v,
+            },
+            &mut scratch,
+        )?;
+        sample_tokens(
+            k,
+            &mut b.sampled,
+            &b.logits,
+            &LogitsShape {
+                rows: m,
+                vocab: v,
+                row_stride: v,
+            },
+            &DeviceSamplingParams {
+                temperature: &b.temperature,
+                top_k: &b.top_k,
+                top_p: &b.top_p,
+                seed: &b.seed,
+                counter: &b.counter,
+            },
+        )
+    }
+
+    /// Runs one pass over `rows` (1..=8): uploads the inputs, replays or launches, samples.
+    /// Returns each row's sampled token (rows without a sample request get `None`) and, with
+    /// `want_logits`, the logits of the sampling rows.
+    fn pass(&mut self, rows: &[Row], want_logits: bool) -> Result<PassOutput, RunnerError> {
+        let m = rows.len();
+        let s = self.k.stream().clone();
+        let up = |v: Vec<i32>, dst: &mut CudaSlice<i32>, what: &str| -> Result<(), RunnerError> {
+            let mut view = dst.slice_mut(0..v.len());
+            s.memcpy_htod(&v, &mut view).map_err(dev_err(what))
+        };
+        for r in rows {
+            if r.pos >= self.max_pos {
+                return Err(RunnerError::Plan(format!(
+                    "position {} is past the context of {}",
+                    r.pos, self.max_pos
+                )));
+            }
+        }
+        up(
+            rows.iter().map(|r| r.token as i32).collect(),
+            &mut self.b.tokens,
+            "tokens",
+        )?;
+        up(
+            rows.iter().map(|r| r.pos as i32).collect(),
+            &mut self.b.positions,
+            "positions",
+        )?;
+        up(
+            rows.iter().map(|r| r.slot as i32).collect(),
+            &mut self.b.slots,
+            "slots",
+        )?;
+        up(
+            rows.iter().map(|r| r.pos as i32 + 1).collect(),
+            &mut self.b.ctx,
+            "context lengths",
+        )?;
+        // Rows that sample nothing take the cheap greedy path; their token is ignored.
+        let params: Vec<SamplingParams> = rows
+            .iter()
+            .map(|r| r.sample.map_or(SamplingParams::GREEDY, |q| q.params))
+            .collect();
+        let b = &mut self.b;
+        let copy = |r: Result<(), DriverError>| r.map_err(dev_err("sampling parameters"));
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.temperature).collect::<Vec<_>>(),
+            &mut b.temperature.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
+            &mut b.top_k.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &params.iter().map(|p| p.top_p).collect::<Vec<_>>(),
+            &mut b.top_p.slice_mut(0..m),
+        ))?;
+        copy(
+            s.memcpy_htod(
+                &rows
+                    .iter()
+                    .map(|r| r.sample.map_or(0, |q| q.seed))
+                    .collect::<Vec<_>>(),
+                &mut b.seed.slice_mut(0..m),
+            ),
+        )?;
+        copy(
+            s.memcpy_htod(
+                &rows
+                    .iter()
+                    .map(|r| r.sample.map_or(0, |q| q.counter))
+                    .collect::<Vec<_>>(),
+                &mut b.counter.slice_mut(0..m),
+            ),
+        )?;
+
+        self.stats.passes += 1;
+        match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)]) {
+            GraphDecision::Replay => {
+                if !self.graphs.contains_key(&m) {
+                    device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
+                    let launched = self.launch_forward(m, MAX_SPLITS);
+                    let graph = device::end_capture(&s);
+                    launched.map_err(ops_err)?;
+                    let graph = graph
+                        .map_err(dev_err("capturing the forward pass"))?
+                        .ok_or_else(|| {
+                            RunnerError::Device("graph capture produced no graph".into())
+                        })?;
+                    self.graphs.insert(m, graph);
+                    self.stats.graph_captures += 1;
+                }
+                self.graphs[&m]
+                    .launch()
+                    .map_err(dev_err("replaying the forward pass"))?;
+                self.stats.graph_replays += 1;
+            }
+            _ => {
+                let grid = rows
+                    .iter()
+                    .map(|r| attn_splits(r.pos + 1).0)
+                    .max()
+                    .unwrap_or(1);
+                self.launch_forward(m, grid).map_err(ops_err)?;
+                self.seen[m.min(MAX_TOKENS)] = true;
+                self.stats.eager_passes += 1;
+            }
+        }
+
+        // The one synchronisation of a pass: reading the sampled tokens.
+        let sampled = s
+            .clone_dtoh(&self.b.sampled.slice(0..m))
+            .map_err(dev_err("reading sampled tokens"))?;
+        let tokens: Vec<Option<u32>> = rows
+            .iter()
+            .zip(&sampled)
+            .map(|(r, &t)| r.sample.map(|_| t as u32))
+            .collect();
+        let mut out_logits = Vec::new();
+        if want_logits {
+            let v = self.cfg.vocab_size;
+            for (j, r) in rows.iter().enumerate() {
+                if r.sample.is_some() {
+                    let row = self.b.logits.slice(j * v..(j + 1) * v);
+                    out_logits.push(s.clone_dtoh(&row).map_err(dev_err("reading logits"))?);
+                }
+            }
+        }
+        Ok((tokens, out_logits))
+    }
+}
+
+impl Runner for GpuRunner {
+    fn device(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn kv_blocks(&self) -> usize {
+        self.kv_blocks
+    }
+
+    fn max_slots(&self) -> usize {
+        self.slots
+    }
+
+    fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
+        for seq in &plan.seqs {
+            self.set_blocks(seq.slot, seq.blocks)?;
+            if seq.tokens.is_empty() {
+                return Err(RunnerError::Plan(format!(
+                    "slot {}: a step with no tokens",
+                    seq.slot
+                )));
+            }
+            if kv::blocks_for(seq.end_pos()) > seq.blocks.len() {
+                return Err(RunnerError::Plan(format!(
+                    "slot {}: positions up to {} need {} blocks, the request holds {}",
+                    seq.slot,
+                    seq.end_pos(),
+                    kv::blocks_for(seq.end_pos()),
+                    seq.blocks.len()
+                )));
+            }
+        }
+        let mut out = StepOutput {
+            tokens: vec![None; plan.seqs.len()],
+            logits: vec![Vec::new(); plan.seqs.len()],
+        };
+        // Generated tokens of every request, eight rows a pass.
+        let decode: Vec<usize> = (0..plan.seqs.len())
+            .filter(|&j| !plan.seqs[j].prefill)
+            .collect();
+        for group in decode.chunks(MAX_TOKENS) {
+            let rows: Vec<Row> = group
+                .iter()
+                .map(|&j| {
+                    let sq = &plan.seqs[j];
+                    Row {
+                        token: sq.tokens[0],
+                        pos: sq.start_pos,
+                        slot: sq.slot,
+                        sample: sq.sample,
+                    }
+                })
+                .collect();
+            let (tokens, logits) = self.pass(&rows, plan.want_logits)?;
+            let mut logits = logits.into_iter();
+            for (&j, t) in group.iter().zip(tokens) {
+                out.tokens[j] = t;
+                if plan.want_logits && t.is_some() {
+                    out.logits[j] = logits.next().unwrap_or_default();
+                }
+            }
+        }
+        // Prompt chunks: the prefill path (GEMMs over the chunk), one request at a time.
+        for (j, sq) in plan.seqs.iter().enumerate().filter(|(_, sq)| sq.prefill) {
+            let (token, logits) = self.prefill(
+                sq.slot,
+                sq.tokens,
+                sq.start_pos,
+                sq.sample,
+                plan.want_logits,
+            )?;
+            out.tokens[j] = token;
+            out.logits[j] = logits;
+        }
+        Ok(out)
+    }
+
+    fn report(&self) -> serde_json::Value {
+        serde_json::json!({
+            "device": DeviceKind::Cuda,
+            "device_name": self.k.report().device_name,
+            "sm_count": self.k.sm_count(),
+            "dispatch": self.k.report(),
+            "kv_blocks": self.kv_blocks,
+            "kv_block_tokens": KV_BLOCK_SIZE,
+            "weights_bytes": self.w.bytes,
+            "graphs": self.graphs_on,
+            "stats": self.stats,
+            "setup_s": self.setup_s,
+        })
+    }
+}

@@ -1,0 +1,3 @@
+//! Model descriptions: hyperparameters come from [`crate::config`], tensors from the table here.
+
+pub mod qwen3;

@@ -1,0 +1,101 @@
+//! What the engine asks of a device: run one step of the model for some sequences and sample.
+//!
+//! The scheduler decides *which* sequences run and *what* they feed (a prefill chunk, or the one
+//! token a decode step feeds); a [`Runner`] executes that on its device (`cpu::CpuRunner`, the
+//! fp32 reference; `gpu::GpuRunner`, the AOT kernels) and returns the sampled tokens. Both keep
+//! the KV cache in the same paged layout, addressed through the block tables the scheduler owns.
+
+use aot_kernels::ops::sampling::SamplingParams;
+use serde::Serialize;
+
+/// Tokens per KV-cache block, for every runner.
+pub const KV_BLOCK_SIZE: usize = 16;
+
+/// Draw a token after this sequence's last input token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRequest {
+    pub params: SamplingParams,
+    pub seed: u64,
+    /// Index of the token being generated in the request's output (the draw's counter).
+    pub counter: u64,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone)]
+pub struct SeqStep<'a> {
+    /// The request slot (its state on the device, e.g. its block table row).
+    pub slot: usize,
+    /// Input tokens: a prefill chunk, or the single token a decode step feeds.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; the cache already holds positions `0..start_pos`.
+    pub start_pos: usize,
+    /// The slot's KV blocks, covering at least `start_pos + tokens.len()` positions.
+    pub blocks: &'a [u32],
+    /// Sample after the last token (a decode step, or the last chunk of a prompt).
+    pub sample: Option<SampleRequest>,
+    /// Prompt tokens (any chunk of the prompt, however short) rather than a generated token:
+    /// runners must compute prompt tokens the same way whatever the chunking.
+    pub prefill: bool,
+}
+
+impl SeqStep<'_> {
+    /// Context length after this step.
+    pub fn end_pos(&self) -> usize {
+        self.start_pos + self.tokens.len()
+    }
+}
+
+/// Everything one engine step runs.
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan<'a> {
+    pub seqs: Vec<SeqStep<'a>>,
+    /// Return the logits each sampling sequence drew from (tests and teacher forcing).
+    pub want_logits: bool,
+}
+
+/// What a step produced, per sequence of the plan (same order).
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// The sampled token, for sequences that asked for one.
+    pub tokens: Vec<Option<u32>>,
+    /// With `want_logits`: the fp32 logits of each sampling sequence (empty for the others).
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// The device a runner computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("{0}")]
+    Device(String),
+    #[error("step plan: {0}")]
+    Plan(String),
+}
+
+/// A model on a device, with its KV cache.
+pub trait Runner {
+    fn device(&self) -> DeviceKind;
+    /// KV blocks this runner's cache holds ([`KV_BLOCK_SIZE`] tokens each).
+    fn kv_blocks(&self) -> usize;
+    /// Most sequences one step may carry (the request slots).
+    fn max_slots(&self) -> usize;
+    /// Runs one step: appends every sequence's tokens to its cache and samples where asked.
+    fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError>;
+    /// A JSON description for reports: device, dispatch report, graph use, timings.
+    fn report(&self) -> serde_json::Value;
+}

@@ -1,0 +1,527 @@
+//! Request slots, admission and continuous batching: which sequences run in each step and what
+//! they feed. Pure bookkeeping (no device), so every decision is tested without a GPU.
+//!
+//! A request is admitted into a free slot with every KV block it can ever need reserved up
+//! front (prompt + max new tokens), so a running request never waits for memory. Each step
+//! carries one prefill chunk of every request still reading its prompt and one token of every
+//! request that is generating; requests join and finish independently. A finished request's slot
+//! and blocks are free for the next one, whose state starts fresh (its positions start at 0 and
+//! attention reads only the positions it wrote).
+
+use aot_kernels::ops::sampling::SamplingParams;
+use serde::Serialize;
+
+use crate::kv::{blocks_for, BlockPool};
+use crate::runner::{SampleRequest, SeqStep, StepOutput, StepPlan};
+
+/// What a caller asks for.
+#[derive(Debug, Clone)]
+pub struct RequestSpec {
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    /// Stop at an end-of-sequence token of the model.
+    pub stop_at_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request {}", self.0)
+    }
+}
+
+/// Why a request was not admitted. The engine keeps serving the others.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt is empty; give at least one token")]
+    EmptyPrompt,
+    #[error("max_new_tokens is 0; ask for at least one token")]
+    NothingToGenerate,
+    #[error("prompt token {token} at index {index} is outside the vocabulary (0..{vocab}); check the tokenizer matches the model")]
+    TokenOutOfVocab {
+        token: u32,
+        index: usize,
+        vocab: usize,
+    },
+    #[error("the prompt ({prompt} tokens) plus {new} new tokens exceeds the context of {context} tokens; shorten the prompt or lower --max-new-tokens")]
+    TooLong {
+        prompt: usize,
+        new: usize,
+        context: usize,
+    },
+    #[error("all {slots} request slots are busy; wait for a request to finish (or start the engine with more slots)")]
+    NoFreeSlot { slots: usize },
+    #[error("the KV cache is too small for this request: it needs {needed} blocks ({needed_mib:.1} MiB) and the cache has {total} in all; raise --kv-budget or shorten the request")]
+    KvTooSmall {
+        needed: usize,
+        total: usize,
+        needed_mib: f64,
+    },
+    #[error("the KV cache has {free} free blocks and this request needs {needed}; wait for a running request to finish")]
+    KvBusy { needed: usize, free: usize },
+    #[error("sampling: {0}")]
+    Sampling(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Produced `max_new_tokens`.
+    Length,
+    /// Produced an end-of-sequence token.
+    Eos,
+}
+
+/// What a step did for the callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Token {
+        id: RequestId,
+        token: u32,
+        index: usize,
+    },
+    Finished {
+        id: RequestId,
+        reason: FinishReason,
+    },
+}
+
+#[derive(Debug)]
+struct Active {
+    id: RequestId,
+    spec: RequestSpec,
+    blocks: Vec<u32>,
+    /// Prompt tokens already in the cache.
+    prefilled: usize,
+    generated: Vec<u32>,
+}
+
+impl Active {
+    fn prefilling(&self) -> bool {
+        self.prefilled < self.spec.prompt.len()
+    }
+}
+
+/// Limits the scheduler works within.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerLimits {
+    pub slots: usize,
+    pub kv_blocks: usize,
+    pub max_context: usize,
+    pub vocab: usize,
+    /// Most prompt tokens one sequence feeds in a step.
+    pub prefill_chunk: usize,
+    /// Bytes of one KV block (for messages).
+    pub block_bytes: usize,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    limits: SchedulerLimits,
+    slots: Vec<Option<Active>>,
+    pool: BlockPool,
+    eos: Vec<u32>,
+    next_id: u64,
+}
+
+/// One sequence of a scheduled step, with owned inputs (the plan borrows from it).
+#[derive(Debug, Clone)]
+pub struct Scheduled {
+    pub slot: usize,
+    pub tokens: Vec<u32>,
+    pub start_pos: usize,
+    pub sample: Option<SampleRequest>,
+    /// A chunk of the prompt (not a generated token).
+    pub prefill: bool,
+}
+
+impl Scheduler {
+    pub fn new(limits: SchedulerLimits, eos: Vec<u32>) -> Self {
+        Scheduler {
+            slots: (0..limits.slots).map(|_| None).collect(),
+            pool: BlockPool::new(limits.kv_blocks),
+            limits,
+            eos,
+            next_id: 0,
+        }
+    }
+
+    pub fn limits(&self) -> &SchedulerLimits {
+        &self.limits
+    }
+
+    pub fn active(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free()
+    }
+
+    /// Admits a request into a free slot, reserving its KV blocks, or says why not.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<(RequestId, usize), SubmitError> {
+        let l = self.limits;
+        if spec.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if spec.max_new_tokens == 0 {
+            return Err(SubmitError::NothingToGenerate);
+        }
+        if let Some((index, &token)) = spec
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= l.vocab)
+        {
+            return Err(SubmitError::TokenOutOfVocab {
+                token,
+                index,
+                vocab: l.vocab,
+            });
+        }
+        spec.sampling.validate().map_err(SubmitError::Sampling)?;
+        // The last generated token is never fed back, so the cache holds prompt + new - 1.
+        let positions = spec.prompt.len() + spec.max_new_tokens - 1;
+        if positions > l.max_context {
+            return Err(SubmitError::TooLong {
+                prompt: spec.prompt.len(),
+                new: spec.max_new_tokens,
+                context: l.max_context,
+            });
+        }
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .ok_or(SubmitError::NoFreeSlot { slots: l.slots })?;
+        let needed = blocks_for(positions);
+        if needed > self.pool.total() {
+            return Err(SubmitError::KvTooSmall {
+                needed,
+                total: self.pool.total(),
+                needed_mib: (needed * l.block_bytes) as f64 / (1 << 20) as f64,
+            });
+        }
+        let blocks = self.pool.alloc(needed).ok_or(SubmitError::KvBusy {
+            needed,
+            free: self.pool.free(),
+        })?;
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.slots[slot] = Some(Active {
+            id,
+            spec,
+            blocks,
+            prefilled: 0,
+            generated: Vec::new(),
+        });
+        Ok((id, slot))
+    }
+
+    /// The blocks of the request in `slot` (for the runner's block table).
+    pub fn blocks(&self, slot: usize) -> Option<&[u32]> {
+        self.slots.get(slot)?.as_ref().map(|a| a.blocks.as_slice())
+    }
+
+    /// The next step: a prefill chunk for each request reading its prompt, one token for each
+    /// generating request; slot order.
+    pub fn schedule(&self) -> Vec<Scheduled> {
+        let mut out = Vec::new();
+        for (slot, a) in self.slots.iter().enumerate() {
+            let Some(a) = a else { continue };
+            if a.prefilling() {
+                let end = (a.prefilled + self.limits.prefill_chunk).min(a.spec.prompt.len());
+                let last = end == a.spec.prompt.len();
+                out.push(Scheduled {
+                    slot,
+                    tokens: a.spec.prompt[a.prefilled..end].to_vec(),
+                    start_pos: a.prefilled,
+                    sample: last.then(|| a.sample_request(0)),
+                    prefill: true,
+                });
+            } else {
+                let token = *a
+                    .generated
+                    .last()
+                    .expect("a request past its prompt has sampled a token");
+                out.push(Scheduled {
+                    slot,
+                    tokens: vec![token],
+                    start_pos: a.spec.prompt.len() + a.generated.len() - 1,
+                    sample: Some(a.sample_request(a.generated.len() as u64)),
+                    prefill: false,
+                });
+            }
+        }
+        out
+    }
+
+    /// The runner's view of a schedule (borrowing its token lists and the slots' block tables).
+    pub fn plan<'a>(&'a self, scheduled: &'a [Scheduled], want_logits: bool) -> StepPlan<'a> {
+        StepPlan {
+            seqs: scheduled
+                .iter()
+                .map(|s| SeqStep {
+                    slot: s.slot,
+                    tokens: &s.tokens,
+                    start_pos: s.start_pos,
+                    blocks: self.blocks(s.slot).unwrap_or(&[]),
+                    sample: s.sample,
+                    prefill: s.prefill,
+                })
+                .collect(),
+            want_logits,
+        }
+    }
+
+    /// Applies what the runner produced: advances prompts, records tokens, finishes requests and
+    /// frees their slots and blocks.
+    pub fn commit(&mut self, scheduled: &[Scheduled], out: &StepOutput) -> Vec<Event> {
+        let mut events = Vec::new();
+        for (s, token) in scheduled.iter().zip(&out.tokens) {
+            let Some(a) = self.slots[s.slot].as_mut() else {
+                continue;
+            };
+            if a.prefilling() {
+                a.prefilled += s.tokens.len();
+            }
+            let Some(token) = *token else { continue };
+            a.generated.push(token);
+            events.push(Event::Token {
+                id: a.id,
+                token,
+                index: a.generated.len() - 1,
+            });
+            let reason = if a.spec.stop_at_eos && self.eos.contains(&token) {
+                Some(FinishReason::Eos)
+            } else if a.generated.len() >= a.spec.max_new_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                events.push(Event::Finished { id: a.id, reason });
+                let done = self.slots[s.slot].take().expect("the slot is active");
+                self.pool.release(done.blocks);
+            }
+        }
+        events
+    }
+
+    /// Drops every request (after a runner failure), freeing slots and blocks.
+    pub fn abort_all(&mut self) -> Vec<RequestId> {
+        let mut ids = Vec::new();
+        for slot in self.slots.iter_mut() {
+            if let Some(a) = slot.take() {
+                ids.push(a.id);
+                self.pool.release(a.blocks);
+            }
+        }
+        ids
+    }
+}
+
+impl Active {
+    fn sample_request(&self, counter: u64) -> SampleRequest {
+        SampleRequest {
+            params: self.spec.sampling,
+            seed: self.spec.seed,
+            counter,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> SchedulerLimits {
+        SchedulerLimits {
+            slots: 2,
+            kv_blocks: 10,
+            max_context: 100,
+            vocab: 50,
+            prefill_chunk: 4,
+            block_bytes: 1024,
+        }
+    }
+
+    fn spec(prompt: &[u32], new: usize) -> RequestSpec {
+        RequestSpec {
+            prompt: prompt.to_vec(),
+            max_new_tokens: new,
+            sampling: SamplingParams::GREEDY,
+            seed: 0,
+            stop_at_eos: true,
+        }
+    }
+
+    fn tokens(n: usize, t: u32) -> StepOutput {
+        StepOutput {
+            tokens: vec![Some(t); n],
+            logits: vec![],
+        }
+    }
+
+    #[test]
+    fn prompts_are_chunked_then_decoded_one_token_at_a_time() {
+        let mut s = Scheduler::new(limits(), vec![]);
+        let (id, slot) = s.submit(spec(&[1, 2, 3, 4, 5, 6], 3)).unwrap();
+        let step = s.schedule();
+        assert_eq!(
+            (
+                step[0].tokens.clone(),
+                step[0].start_pos,
+                step[0].sample.is_none()
+            ),
+            (vec![1, 2, 3, 4], 0, true)
+        );
+        let out = StepOutput {
+            tokens: vec![None],
+            logits: vec![],
+        };
+        assert!(s.commit(&step, &out).is_empty());
+        let step = s.schedule();
+        assert_eq!((step[0].tokens.clone(), step[0].start_pos), (vec![5, 6], 4));
+        assert_eq!(step[0].sample.unwrap().counter, 0);
+        let ev = s.commit(&step, &tokens(1, 9));
+        assert_eq!(
+            ev,
+            vec![Event::Token {
+                id,
+                token: 9,
+                index: 0
+            }]
+        );
+        let step = s.schedule();
+        assert_eq!(
+            (
+                step[0].tokens.clone(),
+                step[0].start_pos,
+                step[0].sample.unwrap().counter
+            ),
+            (vec![9], 6, 1)
+        );
+        s.commit(&step, &tokens(1, 8));
+        let step = s.schedule();
+        let ev = s.commit(&step, &tokens(1, 7));
+        assert_eq!(
+            ev[1],
+            Event::Finished {
+                id,
+                reason: FinishReason::Length
+            }
+        );
+        assert_eq!((s.active(), s.free_blocks()), (0, 10));
+        assert!(s.blocks(slot).is_none());
+    }
+
+    #[test]
+    fn requests_join_and_leave_independently_and_slots_are_reused() {
+        let mut s = Scheduler::new(limits(), vec![42]);
+        let (a, _) = s.submit(spec(&[1], 5)).unwrap();
+        let step = s.schedule();
+        s.commit(&step, &tokens(1, 3));
+        let (b, slot_b) = s.submit(spec(&[1, 2], 5)).unwrap();
+        let step = s.schedule();
+        assert_eq!(step.len(), 2, "a decodes while b prefills");
+        assert!(step[0].tokens.len() == 1 && step[1].start_pos == 0);
+        // a hits EOS and leaves; b goes on; a new request takes a's slot.
+        let ev = s.commit(
+            &step,
+            &StepOutput {
+                tokens: vec![Some(42), Some(4)],
+                logits: vec![],
+            },
+        );
+        assert!(ev.contains(&Event::Finished {
+            id: a,
+            reason: FinishReason::Eos
+        }));
+        assert!(ev.contains(&Event::Token {
+            id: b,
+            token: 4,
+            index: 0
+        }));
+        let (_, slot_c) = s.submit(spec(&[7], 2)).expect("a's slot is free again");
+        assert_ne!(slot_c, slot_b);
+        assert_eq!(
+            s.submit(spec(&[1], 2)).unwrap_err(),
+            SubmitError::NoFreeSlot { slots: 2 }
+        );
+        // The new request starts at position 0 in its own blocks.
+        let step = s.schedule();
+        let c = step.iter().find(|x| x.slot == slot_c).unwrap();
+        assert_eq!((c.start_pos, c.tokens.clone()), (0, vec![7]));
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_reason() {
+        let mut s = Scheduler::new(limits(), vec![]);
+        assert_eq!(
+            s.submit(spec(&[], 1)).unwrap_err(),
+            SubmitError::EmptyPrompt
+        );
+        assert_eq!(
+            s.submit(spec(&[1], 0)).unwrap_err(),
+            SubmitError::NothingToGenerate
+        );
+        assert!(matches!(
+            s.submit(spec(&[1, 99], 1)).unwrap_err(),
+            SubmitError::TokenOutOfVocab {
+                token: 99,
+                index: 1,
+                ..
+            }
+        ));
+        let long = vec![1; 90];
+        assert!(matches!(
+            s.submit(spec(&long, 20)).unwrap_err(),
+            SubmitError::TooLong { .. }
+        ));
+        // 10 blocks of 16 = 160 positions, but the context allows 100: ask for 95 positions (6 blocks) twice.
+        let p = vec![1; 80];
+        s.submit(spec(&p, 16)).unwrap();
+        assert!(matches!(
+            s.submit(spec(&p, 16)).unwrap_err(),
+            SubmitError::KvBusy { needed: 6, free: 4 }
+        ));
+        let mut small = Scheduler::new(
+            SchedulerLimits {
+                kv_blocks: 2,
+                ..limits()
+            },
+            vec![],
+        );
+        let err = small.submit(spec(&p, 16)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SubmitError::KvTooSmall {
+                    needed: 6,
+                    total: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--kv-budget"));
+        let bad = RequestSpec {
+            sampling: SamplingParams {
+                temperature: -1.0,
+                top_k: 0,
+                top_p: 1.0,
+            },
+            ..spec(&[1], 1)
+        };
+        assert!(matches!(
+            s.submit(bad).unwrap_err(),
+            SubmitError::Sampling(_)
+        ));
+        assert_eq!(s.active(), 1, "refusals leave the running request alone");
+    }
+}

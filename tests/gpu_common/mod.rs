@@ -1,0 +1,76 @@
+//! Helpers for the GPU test binaries (`tests/gpu_*.rs`): the device, both dispatch paths, random
+//! inputs and CUDA-event timing. Each binary uses some of them.
+#![allow(dead_code)]
+
+use aot_kernels::dispatch::{
+    load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
+};
+use cudarc::driver::sys::CUevent_flags;
+use half::bf16;
+use rand::Rng;
+
+pub fn device() -> OpenDevice {
+    open_device(0)
+        .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
+}
+
+/// Every module loaded under `auto` (exact SASS on a promised GPU).
+pub fn load_auto(d: &OpenDevice) -> LoadedKernels {
+    load_modules(d, 0, Policy::Auto, &ModuleSource::registry()).unwrap()
+}
+
+/// Every module loaded from its exact SASS (`auto`) and from the PTX fallback (`ptx-only`, JIT),
+/// each checked to be what it says.
+pub fn load_both_paths(d: &OpenDevice) -> [(&'static str, LoadedKernels); 2] {
+    let sass = load_modules(d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let ptx = load_modules(d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    assert!(
+        sass.report().modules.iter().all(|m| !m.jit),
+        "auto must load SASS on this GPU"
+    );
+    assert!(
+        ptx.report()
+            .modules
+            .iter()
+            .all(|m| m.jit && m.target.virtual_arch),
+        "ptx-only must JIT PTX"
+    );
+    [("sass", sass), ("ptx", ptx)]
+}
+
+/// Registers, shared memory and image of each entry of `module`, as the driver loaded it.
+pub fn describe(k: &LoadedKernels, module: &str) -> String {
+    let mut out = String::new();
+    for m in k.report().modules.iter().filter(|m| m.module == module) {
+        for e in &m.entries {
+            out += &format!(
+                "  {}/{} [{}]: {} registers, {} B static smem\n",
+                m.module, e.entry, m.target, e.attributes.registers, e.attributes.shared_bytes
+            );
+        }
+    }
+    out
+}
+
+/// Uniform in (-scale, scale), never all zero.
+pub fn random_bf16(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.gen_range(-scale..scale)))
+        .collect()
+}
+
+/// Milliseconds per call of `f`, by CUDA events around `reps` calls after one warm-up call.
+pub fn time_ms(k: &LoadedKernels, reps: usize, mut f: impl FnMut()) -> f32 {
+    let stream = k.stream();
+    f();
+    let start = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    for _ in 0..reps {
+        f();
+    }
+    let end = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    start.elapsed_ms(&end).unwrap() / reps as f32
+}

@@ -1,0 +1,965 @@
+//! The prefill kernels on a real GPU, under both dispatch paths (exact SASS and the PTX fallback,
+//! compared bitwise), against their CPU references, at Qwen3-4B shapes (hidden 2560, 32/8 heads of
+//! 128, MLP 9728) and odd ones; and the property chunked prefill relies on: every output is
+//! bitwise independent of how the prompt is chunked.
+//!
+//! `#[ignore]`d: they need a CUDA GPU (run with `--include-ignored` there; the GPU bundle does).
+//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`.
+//!
+//! Tolerances against the float64 references (the kernels accumulate in fp32 in their own order):
+//! - GEMM: `|got - ref| <= 2^-16 * sum_k |a_k w_k|`, plus one bf16 ulp of `ref` for bf16 output.
+//! - q/k norm + RoPE: `|got - ref| <= 2` bf16 ulps of the largest value of the head (a normalised
+//!   value next to a rounding boundary may round the other way, and RoPE mixes pairs); v and the
+//!   cache rows not written: bitwise.
+//! - attention: `|got - ref| <= 1` bf16 ulp of `ref` + `2^-10 * max |v|` (the reference follows
+//!   the kernel's key tiles and bf16 probabilities; what remains is fp32 against float64).
+
+mod gpu_common;
+
+use aot_kernels::dispatch::LoadedKernels;
+use aot_kernels::ops::attention_prefill::{
+    attention_prefill, attention_prefill_row, AttentionPrefillParams,
+};
+use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_f32out, gemm_element, GemmShape};
+use aot_kernels::ops::init::fill_uniform_bf16;
+use aot_kernels::ops::kv_cache::{block_elements, BlockTable, KV_BLOCK_TOKENS};
+use aot_kernels::ops::qk_norm_rope::{
+    qk_norm_rope_cache, qk_norm_rope_cache_reference, QkNormRopeInputs, QkNormRopeParams,
+};
+use aot_kernels::ops::rotary::cos_sin_cache;
+use aot_kernels::ops::{dev_mut, OpsError};
+use cudarc::driver::CudaSlice;
+use gpu_common::{describe, device, load_auto, load_both_paths, random_bf16, time_ms};
+use half::bf16;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+fn test_seed() -> u64 {
+    std::env::var("AOT_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+/// The spacing of bf16 values at `|x|` (one ulp).
+fn ulp(x: f64) -> f64 {
+    let b = bf16::from_f64(x.abs());
+    let next = bf16::from_bits(b.to_bits() + 1);
+    f64::from(next.to_f32()) - f64::from(b.to_f32())
+}
+
+/// Asserts bitwise equality of two outputs, naming the first difference.
+fn assert_same_bits(what: &str, a: &[bf16], b: &[bf16]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    if let Some(i) = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+    {
+        panic!(
+            "{what}: differ at element {i}: {} vs {} ({} elements differ)",
+            a[i],
+            b[i],
+            a.iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+struct GemmCase {
+    name: &'static str,
+    shape: GemmShape,
+    a: Vec<bf16>,
+    w: Vec<bf16>,
+    /// Check every element (small shapes) or this many sampled ones.
+    sampled: Option<usize>,
+}
+
+fn gemm_case(
+    rng: &mut impl Rng,
+    name: &'static str,
+    shape: GemmShape,
+    sampled: Option<usize>,
+) -> GemmCase {
+    let a = random_bf16(rng, (shape.m - 1) * shape.lda + shape.k, 2.0);
+    let w = random_bf16(rng, (shape.n - 1) * shape.ldw + shape.k, 0.1);
+    GemmCase {
+        name,
+        shape,
+        a,
+        w,
+        sampled,
+    }
+}
+
+/// Elements to check: all, or the corners plus random ones.
+fn gemm_points(rng: &mut impl Rng, s: &GemmShape, sampled: Option<usize>) -> Vec<(usize, usize)> {
+    match sampled {
+        None => (0..s.m)
+            .flat_map(|r| (0..s.n).map(move |c| (r, c)))
+            .collect(),
+        Some(n) => {
+            let mut p = vec![(0, 0), (s.m - 1, s.n - 1), (0, s.n - 1), (s.m - 1, 0)];
+            p.extend((0..n).map(|_| (rng.gen_range(0..s.m), rng.gen_range(0..s.n))));
+            p
+        }
+    }
+}
+
+/// Runs both outputs of one case; returns (bf16 C, f32 C) as downloaded.
+fn run_gemm(k: &LoadedKernels, c: &GemmCase) -> (Vec<bf16>, Vec<f32>) {
+    let s = k.stream();
+    let s_ = &c.shape;
+    let (a, w) = (s.clone_htod(&c.a).unwrap(), s.clone_htod(&c.w).unwrap());
+    let c_len = (s_.m - 1) * s_.ldc + s_.n;
+    let mut out = s.alloc_zeros::<bf16>(c_len).unwrap();
+    let mut out32 = s.alloc_zeros::<f32>(c_len).unwrap();
+    gemm_bf16(k, &mut out, &a, &w, s_).unwrap();
+    gemm_bf16_f32out(k, &mut out32, &a, &w, s_).unwrap();
+    (s.clone_dtoh(&out).unwrap(), s.clone_dtoh(&out32).unwrap())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_matches_the_reference_on_both_paths() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let paths = load_both_paths(&d);
+    eprintln!("{}", describe(&paths[0].1, "gemm_bf16"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let cases = [
+        gemm_case(
+            &mut rng,
+            "qkv_proj T=300",
+            GemmShape::dense(300, 6144, 2560),
+            Some(3000),
+        ),
+        gemm_case(
+            &mut rng,
+            "down_proj T=64",
+            GemmShape::dense(64, 2560, 9728),
+            Some(2000),
+        ),
+        gemm_case(
+            &mut rng,
+            "gate_up T=7",
+            GemmShape::dense(7, 19456, 2560),
+            Some(2000),
+        ),
+        gemm_case(&mut rng, "odd 37x40x24", GemmShape::dense(37, 40, 24), None),
+        gemm_case(
+            &mut rng,
+            "odd strided 129x264x1000",
+            GemmShape {
+                m: 129,
+                n: 264,
+                k: 1000,
+                lda: 1008,
+                ldw: 1016,
+                ldc: 270,
+            },
+            None,
+        ),
+        gemm_case(&mut rng, "one row 1x8x8", GemmShape::dense(1, 8, 8), None),
+    ];
+    let mut per_path = Vec::new();
+    for (path, k) in &paths {
+        let mut outs = Vec::new();
+        for c in &cases {
+            let (out, out32) = run_gemm(k, c);
+            let s = &c.shape;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6e6d);
+            let (mut worst16, mut worst32, mut differ) = (0.0f64, 0.0f64, 0usize);
+            let points = gemm_points(&mut rng, s, c.sampled);
+            for &(r, col) in &points {
+                let (want, mag) = gemm_element(&c.a, &c.w, s, r, col);
+                let tol = mag * 2f64.powi(-16);
+                let got16 = f64::from(out[r * s.ldc + col].to_f32());
+                let got32 = f64::from(out32[r * s.ldc + col]);
+                let e16 = (got16 - want).abs() / (tol + ulp(want));
+                let e32 = (got32 - want).abs() / tol.max(f64::MIN_POSITIVE);
+                differ += usize::from(out[r * s.ldc + col] != bf16::from_f64(want));
+                worst16 = worst16.max(e16);
+                worst32 = worst32.max(e32);
+                assert!(
+                    e16 <= 1.0 && e32 <= 1.0,
+                    "[{path}] {} at ({r}, {col}): bf16 {got16}, f32 {got32}, reference {want}, sum|aw| {mag}",
+                    c.name
+                );
+            }
+            eprintln!(
+                "[{path}] {} {s:?}: {} elements checked, {differ} bf16 outputs differ from the rounded reference; worst error / tolerance: bf16 {worst16:.3}, f32 {worst32:.3}",
+                c.name,
+                points.len()
+            );
+            // Nothing written past the rows (the padding between ldc rows stays zero).
+            for r in 0..s.m {
+                assert!(
+                    out[r * s.ldc + s.n..(r * s.ldc + s.ldc).min(out.len())]
+                        .iter()
+                        .all(|v| v.to_bits() == 0),
+                    "[{path}] {}: wrote into the row padding",
+                    c.name
+                );
+            }
+            outs.push((out, out32));
+        }
+        per_path.push(outs);
+    }
+    for (c, ((a16, a32), (b16, b32))) in cases.iter().zip(per_path[0].iter().zip(&per_path[1])) {
+        assert_same_bits(&format!("{}: SASS vs PTX", c.name), a16, b16);
+        let same32 = a32.iter().zip(b32).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same32,
+            "{}: f32 output differs between SASS and PTX",
+            c.name
+        );
+    }
+    eprintln!("SASS and PTX outputs are bitwise identical");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_rows_do_not_depend_on_the_chunking() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("input seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = load_auto(&d);
+    let s = k.stream();
+    // Qwen3-4B qkv_proj over 1024 tokens, then the same rows in chunks of awkward sizes (each
+    // row lands at other places in the 128-row tiles).
+    let full = GemmShape::dense(1024, 6144, 2560);
+    let a = random_bf16(&mut rng, full.m * full.k, 2.0);
+    let w = s
+        .clone_htod(&random_bf16(&mut rng, full.n * full.k, 0.1))
+        .unwrap();
+    let run = |rows: &[bf16], m: usize| -> (Vec<bf16>, Vec<f32>) {
+        let shape = GemmShape { m, ..full };
+        let a = s.clone_htod(rows).unwrap();
+        let mut c = s.alloc_zeros::<bf16>(m * full.n).unwrap();
+        let mut c32 = s.alloc_zeros::<f32>(m * full.n).unwrap();
+        gemm_bf16(&k, &mut c, &a, &w, &shape).unwrap();
+        gemm_bf16_f32out(&k, &mut c32, &a, &w, &shape).unwrap();
+        (s.clone_dtoh(&c).unwrap(), s.clone_dtoh(&c32).unwrap())
+    };
+    let (whole, whole32) = run(&a, full.m);
+    for chunks in [
+        vec![1, 7, 64, 127, 128, 129, 255, 313],
+        vec![1000, 24],
+        vec![3; 341].into_iter().chain([1]).collect::<Vec<_>>(),
+    ] {
+        let mut r0 = 0;
+        for &m in &chunks {
+            let (part, part32) = run(&a[r0 * full.k..(r0 + m) * full.k], m);
+            assert_same_bits(
+                &format!("rows {r0}..{} alone vs in the whole", r0 + m),
+                &part,
+                &whole[r0 * full.n..(r0 + m) * full.n],
+            );
+            assert!(
+                part32
+                    .iter()
+                    .zip(&whole32[r0 * full.n..])
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "rows {r0}..{}: f32 output depends on the chunking",
+                r0 + m
+            );
+            r0 += m;
+        }
+        eprintln!(
+            "chunks {:?}...: bitwise equal to the whole",
+            &chunks[..chunks.len().min(8)]
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_timings() {
+    let d = device();
+    let k = load_auto(&d);
+    let s = k.stream();
+    let t = 8192; // 8 sequences x 1024 tokens
+    let buffer = |n: usize, stream: u64| -> CudaSlice<bf16> {
+        let mut b = s.alloc_zeros::<bf16>(n).unwrap();
+        fill_uniform_bf16(&k, dev_mut(&k, &mut b), n, 1, stream, 0.5, 0.0).unwrap();
+        b
+    };
+    let a = buffer(t * 9728, 1);
+    let w = buffer(19456 * 2560, 2);
+    let mut c = s.alloc_zeros::<bf16>(t * 19456).unwrap();
+    let mut layer_ms = 0.0;
+    let mut layer_flop = 0.0;
+    for (name, n, kk) in [
+        ("qkv_proj", 6144, 2560),
+        ("o_proj", 2560, 4096),
+        ("gate_up_proj", 19456, 2560),
+        ("down_proj", 2560, 9728),
+    ] {
+        let shape = GemmShape::dense(t, n, kk);
+        let ms = time_ms(&k, 10, || gemm_bf16(&k, &mut c, &a, &w, &shape).unwrap());
+        let flop = 2.0 * (t * n * kk) as f64;
+        layer_ms += f64::from(ms);
+        layer_flop += flop;
+        eprintln!(
+            "gemm_bf16 {t} x {n} x {kk} ({name}): {ms:.3} ms, {:.1} TFLOP/s",
+            flop / f64::from(ms) / 1e9
+        );
+    }
+    eprintln!(
+        "Qwen3-4B layer GEMMs, 8 x 1024-token prefill: {layer_ms:.3} ms, {:.1} TFLOP/s effective",
+        layer_flop / layer_ms / 1e9
+    );
+    let mut logits = s.alloc_zeros::<f32>(8 * 151_936).unwrap();
+    let lm_w = buffer(151_936 * 2560, 3);
+    let shape = GemmShape::dense(8, 151_936, 2560);
+    let ms = time_ms(&k, 10, || {
+        gemm_bf16_f32out(&k, &mut logits, &a, &lm_w, &shape).unwrap()
+    });
+    eprintln!(
+        "gemm_bf16_f32out 8 x 151936 x 2560 (lm_head, last tokens): {ms:.3} ms, {:.0} GB/s of weights",
+        151_936.0 * 2560.0 * 2.0 / f64::from(ms) / 1e6
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// q/k norm + RoPE + cache write, and attention
+
+/// A paged cache for one sequence: `blocks` is a random permutation of cache blocks (more blocks
+/// than the sequence needs, so other sequences' blocks sit in between).
+struct Cache {
+    kv_heads: usize,
+    head_dim: usize,
+    blocks: Vec<i32>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+}
+
+impl Cache {
+    /// A cache for `positions` positions, filled with `fill` everywhere.
+    fn new(
+        rng: &mut impl Rng,
+        positions: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        fill: bf16,
+    ) -> Cache {
+        let needed = positions.div_ceil(KV_BLOCK_TOKENS);
+        let total = needed + 3;
+        let mut ids: Vec<i32> = (0..total as i32).collect();
+        ids.shuffle(rng);
+        ids.truncate(needed);
+        let n = total * block_elements(kv_heads, head_dim);
+        Cache {
+            kv_heads,
+            head_dim,
+            blocks: ids,
+            k: vec![fill; n],
+            v: vec![fill; n],
+        }
+    }
+
+    /// Random k and v at positions `0..positions`.
+    fn fill_positions(&mut self, rng: &mut impl Rng, positions: usize) {
+        let d = self.head_dim;
+        for p in 0..positions {
+            let block = self.blocks[p / KV_BLOCK_TOKENS] as usize;
+            for h in 0..self.kv_heads {
+                let at = aot_kernels::ops::kv_cache::cache_offset(
+                    block,
+                    h,
+                    p % KV_BLOCK_TOKENS,
+                    self.kv_heads,
+                    d,
+                );
+                for i in 0..d {
+                    self.k[at + i] = bf16::from_f32(rng.gen_range(-2.0..2.0));
+                    self.v[at + i] = bf16::from_f32(rng.gen_range(-2.0..2.0));
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct NormCase {
+    name: &'static str,
+    tokens: usize,
+    start_pos: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    pad: usize,
+    theta: f64,
+    weight_offset: f32,
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let paths = load_both_paths(&d);
+    eprintln!("{}", describe(&paths[0].1, "qk_norm_rope_cache"));
+    let cases = [
+        NormCase {
+            name: "qwen3-4b 1024 tokens",
+            tokens: 1024,
+            start_pos: 0,
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            pad: 0,
+            theta: 1e6,
+            weight_offset: 0.0,
+        },
+        NormCase {
+            name: "qwen3-4b chunk at 977",
+            tokens: 45,
+            start_pos: 977,
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            pad: 8,
+            theta: 1e6,
+            weight_offset: 0.0,
+        },
+        NormCase {
+            name: "head_dim 64, 6/2 heads",
+            tokens: 37,
+            start_pos: 3,
+            q_heads: 6,
+            kv_heads: 2,
+            head_dim: 64,
+            pad: 0,
+            theta: 1e4,
+            weight_offset: 0.0,
+        },
+        NormCase {
+            name: "head_dim 256, 16/2 heads, (1 + w)",
+            tokens: 19,
+            start_pos: 250,
+            q_heads: 16,
+            kv_heads: 2,
+            head_dim: 256,
+            pad: 16,
+            theta: 1e7,
+            weight_offset: 1.0,
+        },
+    ];
+    let mut per_path: Vec<Vec<Vec<bf16>>> = Vec::new();
+    for (path, k) in &paths {
+        let s = k.stream();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut outs = Vec::new();
+        for c in &cases {
+            let dd = c.head_dim;
+            let p = QkNormRopeParams {
+                tokens: c.tokens,
+                q_heads: c.q_heads,
+                kv_heads: c.kv_heads,
+                head_dim: dd,
+                qkv_stride: (c.q_heads + 2 * c.kv_heads) * dd + c.pad,
+                start_pos: c.start_pos,
+                eps: 1e-6,
+                weight_offset: c.weight_offset,
+            };
+            let max_position = c.start_pos + c.tokens + 5;
+            let qkv = random_bf16(&mut rng, c.tokens * p.qkv_stride, 3.0);
+            let (q_norm, k_norm) = (
+                random_bf16(&mut rng, dd, 1.5),
+                random_bf16(&mut rng, dd, 1.5),
+            );
+            let cos_sin = cos_sin_cache(max_position, dd, c.theta);
+            // The cache starts random: rows this call does not write must keep their bits.
+            let mut cache =
+                Cache::new(&mut rng, c.start_pos + c.tokens, c.kv_heads, dd, bf16::ZERO);
+            cache.k = random_bf16(&mut rng, cache.k.len(), 1.0);
+            cache.v = random_bf16(&mut rng, cache.v.len(), 1.0);
+            let (mut want_k, mut want_v) = (cache.k.clone(), cache.v.clone());
+            let want_q = qk_norm_rope_cache_reference(
+                &qkv,
+                &q_norm,
+                &k_norm,
+                &cos_sin,
+                &cache.blocks,
+                &p,
+                &mut want_k,
+                &mut want_v,
+            );
+
+            let table = s.clone_htod(&cache.blocks).unwrap();
+            let inputs = QkNormRopeInputs {
+                qkv: &s.clone_htod(&qkv).unwrap(),
+                q_norm: &s.clone_htod(&q_norm).unwrap(),
+                k_norm: &s.clone_htod(&k_norm).unwrap(),
+                cos_sin: &s.clone_htod(&cos_sin).unwrap(),
+                max_position,
+                blocks: BlockTable {
+                    table: &table,
+                    offset: 0,
+                    len: cache.blocks.len(),
+                },
+            };
+            let mut q_out = s.alloc_zeros::<bf16>(c.tokens * c.q_heads * dd).unwrap();
+            let mut kc = s.clone_htod(&cache.k).unwrap();
+            let mut vc = s.clone_htod(&cache.v).unwrap();
+            qk_norm_rope_cache(k, &inputs, &mut q_out, &mut kc, &mut vc, &p).unwrap();
+            let got_q = s.clone_dtoh(&q_out).unwrap();
+            let got_k = s.clone_dtoh(&kc).unwrap();
+            let got_v = s.clone_dtoh(&vc).unwrap();
+
+            assert_same_bits(&format!("[{path}] {}: v cache", c.name), &got_v, &want_v);
+            for (what, got, want) in [("q", &got_q, &want_q), ("k cache", &got_k, &want_k)] {
+                let (mut worst, mut differ) = (0.0f64, 0usize);
+                for (i, (g, w)) in got.chunks(dd).zip(want.chunks(dd)).enumerate() {
+                    let head_max = w
+                        .iter()
+                        .map(|x| f64::from(x.to_f32()).abs())
+                        .fold(0.0, f64::max);
+                    let tol = 2.0 * ulp(head_max);
+                    for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
+                        let e = (f64::from(a.to_f32()) - f64::from(b.to_f32())).abs();
+                        differ += usize::from(a != b);
+                        worst = worst.max(e / tol);
+                        assert!(
+                            e <= tol,
+                            "[{path}] {} {what}: head row {i} element {j}: {a} vs reference {b} (tolerance {tol})",
+                            c.name
+                        );
+                    }
+                }
+                eprintln!(
+                    "[{path}] {} {what}: {differ} of {} differ from the reference, worst error / tolerance {worst:.2}",
+                    c.name,
+                    got.len()
+                );
+            }
+            outs.extend([got_q, got_k, got_v]);
+        }
+        per_path.push(outs);
+    }
+    for (i, (a, b)) in per_path[0].iter().zip(&per_path[1]).enumerate() {
+        assert_same_bits(
+            &format!("{} output {}: SASS vs PTX", cases[i / 3].name, i % 3),
+            a,
+            b,
+        );
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct AttnCase {
+    name: &'static str,
+    tokens: usize,
+    start_pos: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// Query tokens checked against the reference (all when 0).
+    sampled: usize,
+}
+
+/// One attention run: q, a cache holding positions `0..start_pos + tokens` with NaN everywhere
+/// else (never to be read), and the output.
+fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> Vec<bf16> {
+    let s = k.stream();
+    let p = AttentionPrefillParams {
+        tokens: c.tokens,
+        q_heads: c.q_heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        start_pos: c.start_pos,
+        softmax_scale: AttentionPrefillParams::default_scale(c.head_dim),
+    };
+    let table = s.clone_htod(&cache.blocks).unwrap();
+    let blocks = BlockTable {
+        table: &table,
+        offset: 0,
+        len: cache.blocks.len(),
+    };
+    let (kc, vc) = (
+        s.clone_htod(&cache.k).unwrap(),
+        s.clone_htod(&cache.v).unwrap(),
+    );
+    let mut out = s.alloc_zeros::<bf16>(q.len()).unwrap();
+    attention_prefill(
+        k,
+        &mut out,
+        &s.clone_htod(q).unwrap(),
+        &kc,
+        &vc,
+        &blocks,
+        &p,
+    )
+    .unwrap();
+    s.clone_dtoh(&out).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let paths = load_both_paths(&d);
+    eprintln!("{}", describe(&paths[0].1, "attention_prefill"));
+    let case = |name, tokens, start_pos, q_heads, kv_heads, head_dim, sampled| AttnCase {
+        name,
+        tokens,
+        start_pos,
+        q_heads,
+        kv_heads,
+        head_dim,
+        sampled,
+    };
+    let cases = [
+        case("qwen3-4b 1024 tokens", 1024, 0, 32, 8, 128, 24),
+        case("qwen3-4b chunk 700..777", 77, 700, 32, 8, 128, 12),
+        case("qwen3-4b one token at 200", 1, 200, 32, 8, 128, 0),
+        case("head_dim 64, no GQA (3/3)", 133, 5, 3, 3, 64, 0),
+        case("head_dim 128, GQA 3 (6/2)", 50, 0, 6, 2, 128, 0),
+        case("head_dim 256, GQA 8 (16/2)", 70, 31, 16, 2, 256, 0),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut per_path: Vec<Vec<Vec<bf16>>> = vec![Vec::new(), Vec::new()];
+    for c in &cases {
+        let positions = c.start_pos + c.tokens;
+        let mut cache = Cache::new(&mut rng, positions, c.kv_heads, c.head_dim, bf16::NAN);
+        cache.fill_positions(&mut rng, positions);
+        let q = random_bf16(&mut rng, c.tokens * c.q_heads * c.head_dim, 2.0);
+        let p = AttentionPrefillParams {
+            tokens: c.tokens,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            start_pos: c.start_pos,
+            softmax_scale: AttentionPrefillParams::default_scale(c.head_dim),
+        };
+        let mut tokens: Vec<usize> = (0..c.tokens).collect();
+        if c.sampled > 0 {
+            tokens.shuffle(&mut rng);
+            tokens.truncate(c.sampled);
+            tokens.extend([0, c.tokens - 1]);
+        }
+        let v_max = 2.0;
+        for (i, (path, k)) in paths.iter().enumerate() {
+            let out = run_attention(k, c, &q, &cache);
+            let (mut worst, mut differ, mut checked) = (0.0f64, 0usize, 0usize);
+            for &t in &tokens {
+                for h in 0..c.q_heads {
+                    let want =
+                        attention_prefill_row(&q, &cache.k, &cache.v, &cache.blocks, &p, t, h);
+                    let got = &out[(t * c.q_heads + h) * c.head_dim..][..c.head_dim];
+                    for (j, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        let (gf, wf) = (f64::from(g.to_f32()), f64::from(w.to_f32()));
+                        let tol = ulp(wf) + v_max * 2f64.powi(-10);
+                        let e = (gf - wf).abs();
+                        assert!(
+                            e <= tol,
+                            "[{path}] {}: token {t} head {h} dim {j}: {g} vs reference {w}",
+                            c.name
+                        );
+                        worst = worst.max(e / tol);
+                        differ += usize::from(g != w);
+                        checked += 1;
+                    }
+                }
+            }
+            eprintln!(
+                "[{path}] {}: {differ} of {checked} checked outputs differ from the reference, worst error / tolerance {worst:.3}",
+                c.name
+            );
+            per_path[i].push(out);
+        }
+    }
+    for (c, (a, b)) in cases.iter().zip(per_path[0].iter().zip(&per_path[1])) {
+        assert_same_bits(&format!("{}: SASS vs PTX", c.name), a, b);
+    }
+    eprintln!("SASS and PTX outputs are bitwise identical");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("input seed {seed}");
+    let k = load_auto(&d);
+    let s = k.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // The whole prefill step per chunk: q/k norm + RoPE writing the cache, then attention over
+    // the cache so far. Every chunking must give the same q, cache and attention output bits.
+    for (q_heads, kv_heads, head_dim, prompt, chunkings) in [
+        (
+            32,
+            8,
+            128,
+            1024,
+            vec![
+                vec![1024],
+                vec![1, 15, 16, 17, 100, 131, 256, 488],
+                vec![333, 333, 358],
+            ],
+        ),
+        (
+            6,
+            2,
+            128,
+            200,
+            vec![vec![200], vec![7; 28].into_iter().chain([4]).collect()],
+        ),
+        (16, 2, 256, 150, vec![vec![150], vec![31, 1, 64, 54]]),
+        (3, 3, 64, 97, vec![vec![97], vec![50, 47], vec![1; 97]]),
+    ] {
+        let width = (q_heads + 2 * kv_heads) * head_dim;
+        let qkv = random_bf16(&mut rng, prompt * width, 3.0);
+        let (q_norm, k_norm) = (
+            s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
+            s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
+        );
+        let cos_sin = s.clone_htod(&cos_sin_cache(prompt, head_dim, 1e6)).unwrap();
+        let cache = Cache::new(&mut rng, prompt, kv_heads, head_dim, bf16::NAN);
+        let table = s.clone_htod(&cache.blocks).unwrap();
+        let blocks = BlockTable {
+            table: &table,
+            offset: 0,
+            len: cache.blocks.len(),
+        };
+        // Per chunking: q, k cache, v cache, attention output.
+        let mut results: Vec<[Vec<bf16>; 4]> = Vec::new();
+        for chunks in &chunkings {
+            let mut kc = s.clone_htod(&cache.k).unwrap();
+            let mut vc = s.clone_htod(&cache.v).unwrap();
+            let (mut all_q, mut all_o) = (Vec::new(), Vec::new());
+            let mut start = 0;
+            for &t in chunks {
+                let p = QkNormRopeParams {
+                    tokens: t,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    qkv_stride: width,
+                    start_pos: start,
+                    eps: 1e-6,
+                    weight_offset: 0.0,
+                };
+                let inputs = QkNormRopeInputs {
+                    qkv: &s
+                        .clone_htod(&qkv[start * width..(start + t) * width])
+                        .unwrap(),
+                    q_norm: &q_norm,
+                    k_norm: &k_norm,
+                    cos_sin: &cos_sin,
+                    max_position: prompt,
+                    blocks,
+                };
+                let mut q = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
+                qk_norm_rope_cache(&k, &inputs, &mut q, &mut kc, &mut vc, &p).unwrap();
+                let ap = AttentionPrefillParams {
+                    tokens: t,
+                    q_heads,
+                    kv_heads,
+                    head_dim,
+                    start_pos: start,
+                    softmax_scale: AttentionPrefillParams::default_scale(head_dim),
+                };
+                let mut o = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
+                attention_prefill(&k, &mut o, &q, &kc, &vc, &blocks, &ap).unwrap();
+                all_q.extend(s.clone_dtoh(&q).unwrap());
+                all_o.extend(s.clone_dtoh(&o).unwrap());
+                start += t;
+            }
+            assert!(
+                all_o.iter().all(|x| x.is_finite()),
+                "non-finite attention output"
+            );
+            results.push([
+                all_q,
+                s.clone_dtoh(&kc).unwrap(),
+                s.clone_dtoh(&vc).unwrap(),
+                all_o,
+            ]);
+        }
+        for (chunks, r) in chunkings.iter().zip(&results).skip(1) {
+            let what = format!(
+                "{q_heads}/{kv_heads} heads of {head_dim}, {prompt} tokens in {} chunks",
+                chunks.len()
+            );
+            for (i, name) in ["q", "k cache", "v cache", "attention output"]
+                .iter()
+                .enumerate()
+            {
+                assert_same_bits(&format!("{what}: {name}"), &r[i], &results[0][i]);
+            }
+            eprintln!("{what}: bitwise equal to one chunk");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_timings() {
+    let d = device();
+    let k = load_auto(&d);
+    let s = k.stream();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let (q_heads, kv_heads, head_dim, tokens, sequences) = (32, 8, 128, 1024, 8);
+    let mut caches = Vec::new();
+    for _ in 0..sequences {
+        let mut c = Cache::new(&mut rng, tokens, kv_heads, head_dim, bf16::ZERO);
+        c.fill_positions(&mut rng, tokens);
+        caches.push(c);
+    }
+    let q = s
+        .clone_htod(&random_bf16(&mut rng, tokens * q_heads * head_dim, 2.0))
+        .unwrap();
+    let dev: Vec<_> = caches
+        .iter()
+        .map(|c| {
+            (
+                s.clone_htod(&c.blocks).unwrap(),
+                s.clone_htod(&c.k).unwrap(),
+                s.clone_htod(&c.v).unwrap(),
+            )
+        })
+        .collect();
+    let mut out = s.alloc_zeros::<bf16>(tokens * q_heads * head_dim).unwrap();
+    let p = AttentionPrefillParams {
+        tokens,
+        q_heads,
+        kv_heads,
+        head_dim,
+        start_pos: 0,
+        softmax_scale: AttentionPrefillParams::default_scale(head_dim),
+    };
+    let ms = time_ms(&k, 5, || {
+        for (table, kc, vc) in &dev {
+            let blocks = BlockTable {
+                table,
+                offset: 0,
+                len: table.len(),
+            };
+            attention_prefill(&k, &mut out, &q, kc, vc, &blocks, &p).unwrap();
+        }
+    });
+    // Causal: query t sees t + 1 keys; 4 flops per (query head, key, dim) for QK^T and PV.
+    let flop =
+        4.0 * (q_heads * head_dim) as f64 * (tokens * (tokens + 1) / 2) as f64 * sequences as f64;
+    eprintln!(
+        "attention_prefill {sequences} sequences x {tokens} tokens, 32/8 heads of 128: {ms:.3} ms per layer, {:.1} TFLOP/s",
+        flop / f64::from(ms) / 1e9
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_launchers_refuse_bad_shapes() {
+    let d = device();
+    let k = load_auto(&d);
+    let s = k.stream();
+    let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
+    let a = s.alloc_zeros::<bf16>(64 * 64).unwrap();
+    let mut c = s.alloc_zeros::<bf16>(64 * 64).unwrap();
+    let e = err(gemm_bf16(&k, &mut c, &a, &a, &GemmShape::dense(8, 12, 64)));
+    assert!(e.contains("multiples of 8"), "{e}");
+    let e = err(gemm_bf16(&k, &mut c, &a, &a, &GemmShape::dense(65, 64, 64)));
+    assert!(e.contains("`a` holds 4096 elements"), "{e}");
+
+    let table = s.clone_htod(&[0i32, 1]).unwrap();
+    let blocks = BlockTable {
+        table: &table,
+        offset: 0,
+        len: 2,
+    };
+    let cache = s.alloc_zeros::<bf16>(2 * block_elements(1, 64)).unwrap();
+    let mut out = s.alloc_zeros::<bf16>(64 * 2 * 64).unwrap();
+    let ap = |tokens, start_pos, head_dim, q_heads| AttentionPrefillParams {
+        tokens,
+        q_heads,
+        kv_heads: 1,
+        head_dim,
+        start_pos,
+        softmax_scale: 0.125,
+    };
+    let e = err(attention_prefill(
+        &k,
+        &mut out,
+        &a,
+        &cache,
+        &cache,
+        &blocks,
+        &ap(8, 30, 64, 1),
+    ));
+    assert!(e.contains("need 3 cache blocks"), "{e}");
+    let e = err(attention_prefill(
+        &k,
+        &mut out,
+        &a,
+        &cache,
+        &cache,
+        &blocks,
+        &ap(8, 0, 96, 1),
+    ));
+    assert!(e.contains("head_dim 96"), "{e}");
+    let e = err(attention_prefill(
+        &k,
+        &mut out,
+        &a,
+        &cache,
+        &cache,
+        &blocks,
+        &ap(1, 0, 64, 9),
+    ));
+    assert!(e.contains("at most 8"), "{e}");
+    let past = BlockTable {
+        offset: 1,
+        ..blocks
+    };
+    let e = err(attention_prefill(
+        &k,
+        &mut out,
+        &a,
+        &cache,
+        &cache,
+        &past,
+        &ap(1, 0, 64, 1),
+    ));
+    assert!(e.contains("outside the table"), "{e}");
+
+    let cos_sin = s.alloc_zeros::<f32>(20 * 64).unwrap();
+    let qkv = s.alloc_zeros::<bf16>(8 * 3 * 64).unwrap();
+    let w = s.alloc_zeros::<bf16>(64).unwrap();
+    let (mut kc, mut vc) = (cache.clone(), cache.clone());
+    let inputs = QkNormRopeInputs {
+        qkv: &qkv,
+        q_norm: &w,
+        k_norm: &w,
+        cos_sin: &cos_sin,
+        max_position: 20,
+        blocks,
+    };
+    let np = QkNormRopeParams {
+        tokens: 8,
+        q_heads: 1,
+        kv_heads: 1,
+        head_dim: 64,
+        qkv_stride: 3 * 64,
+        start_pos: 16,
+        eps: 1e-6,
+        weight_offset: 0.0,
+    };
+    let e = err(qk_norm_rope_cache(
+        &k, &inputs, &mut out, &mut kc, &mut vc, &np,
+    ));
+    assert!(e.contains("run past the cos/sin table of 20"), "{e}");
+    s.synchronize().unwrap();
+}

@@ -1,0 +1,361 @@
+//! The sampling kernel and the counter RNG on a real GPU, under both dispatch paths (exact SASS and
+//! the PTX fallback), against their CPU definitions: exact equality, no tolerance.
+//!
+//! `#[ignore]`d: they need a CUDA GPU (run with `--include-ignored` there; the GPU bundle does).
+//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`.
+
+mod gpu_common;
+
+use aot_kernels::dispatch::LoadedKernels;
+use aot_kernels::ops::init::fill_uniform_bf16;
+use aot_kernels::ops::random::fill_uniform_bf16_reference;
+use aot_kernels::ops::sampling::{
+    sample_reference, sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
+};
+use aot_kernels::ops::{dev_mut, OpsError};
+use gpu_common::{device, load_auto, load_both_paths, time_ms};
+use half::bf16;
+use rand::{Rng, SeedableRng};
+
+fn test_seed() -> u64 {
+    std::env::var("AOT_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random)
+}
+
+/// A row of logits of one of several characters: LLM-like (a few strong candidates over a
+/// broad tail), flat, very peaked, few distinct values (ties everywhere), a plateau at the top,
+/// or with NaN / infinities / signed zeros sprinkled in.
+fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..vocab)
+        .map(|_| match kind {
+            0 => rng.gen_range(-6.0f32..6.0) + rng.gen_range(-6.0f32..0.0),
+            1 => rng.gen_range(-0.5..0.5),
+            2 => rng.gen_range(-60.0..10.0),
+            3 => rng.gen_range(0..5) as f32 * 0.5,
+            _ => rng.gen_range(-10.0..10.0),
+        })
+        .collect();
+    match kind {
+        0 => {
+            for _ in 0..rng.gen_range(1..30) {
+                let i = rng.gen_range(0..vocab);
+                row[i] = rng.gen_range(8.0..20.0);
+            }
+        }
+        4 => {
+            let top = rng.gen_range(2..vocab.clamp(3, 64));
+            for _ in 0..top {
+                let i = rng.gen_range(0..vocab);
+                row[i] = 11.25;
+            }
+        }
+        5 => {
+            for _ in 0..rng.gen_range(1..6) {
+                let i = rng.gen_range(0..vocab);
+                row[i] =
+                    [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 0.0][rng.gen_range(0..5)];
+            }
+        }
+        _ => {}
+    }
+    row
+}
+
+fn params(rng: &mut impl Rng, vocab: usize, case: usize) -> SamplingParams {
+    let temperature = [0.6f32, 1.0, 0.25, 1.7][rng.gen_range(0..4)];
+    let (temperature, top_k, top_p) = match case % 9 {
+        0 => (0.0, 0, 1.0),                                           // greedy
+        1 => (temperature, 1, 1.0),                                   // greedy through top_k = 1
+        2 => (temperature, 0, 1.0),                                   // temperature only
+        3 => (temperature, rng.gen_range(2..100), 1.0),               // top-k
+        4 => (temperature, 0, rng.gen_range(0.5..0.99)),              // top-p
+        5 => (temperature, rng.gen_range(2..2000), 0.9),              // both
+        6 => (temperature, vocab as u32 + rng.gen_range(0..9), 0.95), // k > V
+        7 => (temperature, 0, 1e-6),                                  // tiny p: the top token
+        _ => (
+            temperature,
+            rng.gen_range(1..vocab as u32 + 1),
+            rng.gen_range(0.01..1.0),
+        ),
+    };
+    SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+    }
+}
+
+struct Batch {
+    shape: LogitsShape,
+    logits: Vec<f32>,
+    params: Vec<SamplingParams>,
+    seeds: Vec<u64>,
+    counters: Vec<u64>,
+}
+
+fn batch(rng: &mut impl Rng, rows: usize, vocab: usize, pad: usize) -> Batch {
+    let shape = LogitsShape {
+        rows,
+        vocab,
+        row_stride: vocab + pad,
+    };
+    let mut logits = vec![f32::NAN; rows * shape.row_stride];
+    let mut params_ = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let kind = rng.gen_range(0..6);
+        let row = logits_row(rng, vocab, kind);
+        logits[r * shape.row_stride..r * shape.row_stride + vocab].copy_from_slice(&row);
+        params_.push(params(rng, vocab, r));
+    }
+    Batch {
+        shape,
+        logits,
+        params: params_,
+        seeds: (0..rows).map(|_| rng.gen()).collect(),
+        counters: (0..rows).map(|_| rng.gen_range(0..4096)).collect(),
+    }
+}
+
+fn run(k: &LoadedKernels, b: &Batch) -> Vec<i32> {
+    let s = k.stream();
+    let logits = s.clone_htod(&b.logits).unwrap();
+    let temperature = s
+        .clone_htod(&b.params.iter().map(|p| p.temperature).collect::<Vec<_>>())
+        .unwrap();
+    let top_k = s
+        .clone_htod(&b.params.iter().map(|p| p.top_k).collect::<Vec<_>>())
+        .unwrap();
+    let top_p = s
+        .clone_htod(&b.params.iter().map(|p| p.top_p).collect::<Vec<_>>())
+        .unwrap();
+    let seed = s.clone_htod(&b.seeds).unwrap();
+    let counter = s.clone_htod(&b.counters).unwrap();
+    let mut tokens = s.alloc_zeros::<i32>(b.shape.rows).unwrap();
+    let p = DeviceSamplingParams {
+        temperature: &temperature,
+        top_k: &top_k,
+        top_p: &top_p,
+        seed: &seed,
+        counter: &counter,
+    };
+    sample_tokens(k, &mut tokens, &logits, &b.shape, &p).unwrap();
+    s.clone_dtoh(&tokens).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_equals_the_reference_token_for_token() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let paths = load_both_paths(&d);
+    eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // Qwen3's vocabulary, an odd one with padded rows, Qwen3.5's, and tiny ones.
+    let batches = [
+        batch(&mut rng, 72, 151_936, 0),
+        batch(&mut rng, 27, 50_021, 3),
+        batch(&mut rng, 9, 248_320, 0),
+        batch(&mut rng, 36, 7, 1),
+        batch(&mut rng, 9, 1, 0),
+    ];
+    let mut mismatches = Vec::new();
+    let mut per_path = Vec::new();
+    for (path, k) in &paths {
+        let mut all = Vec::new();
+        for b in &batches {
+            let got = run(k, b);
+            for (r, &token) in got.iter().enumerate() {
+                let row = &b.logits[r * b.shape.row_stride..][..b.shape.vocab];
+                let want = sample_reference(row, &b.params[r], b.seeds[r], b.counters[r]);
+                if token < 0 || token as u32 != want {
+                    mismatches.push(format!(
+                        "[{path}] vocab {} row {r}: kernel {token}, reference {want}; {:?} seed {} counter {}",
+                        b.shape.vocab, b.params[r], b.seeds[r], b.counters[r]
+                    ));
+                }
+            }
+            all.extend(got);
+        }
+        eprintln!("[{path}] {} rows sampled", all.len());
+        per_path.push(all);
+    }
+    for m in &mismatches {
+        eprintln!("{m}");
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} rows differ from the reference (input seed {seed})",
+        mismatches.len()
+    );
+    assert_eq!(per_path[0], per_path[1], "SASS and PTX chose differently");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_timings() {
+    let d = device();
+    let k = load_auto(&d);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(test_seed());
+    let s = k.stream();
+    let vocab = 151_936;
+    let rows = 8;
+    let logits: Vec<f32> = (0..rows)
+        .flat_map(|_| logits_row(&mut rng, vocab, 0))
+        .collect();
+    let logits = s.clone_htod(&logits).unwrap();
+    let shape = LogitsShape {
+        rows,
+        vocab,
+        row_stride: vocab,
+    };
+    let seed = s.clone_htod(&[7u64; 8]).unwrap();
+    let counter = s.clone_htod(&[0u64; 8]).unwrap();
+    let mut tokens = s.alloc_zeros::<i32>(rows).unwrap();
+    for (name, t, kk, pp) in [
+        ("greedy", 0.0f32, 0u32, 1.0f32),
+        ("temperature 0.7", 0.7, 0, 1.0),
+        ("top-k 50", 0.7, 50, 1.0),
+        ("top-p 0.9", 0.7, 0, 0.9),
+        ("top-k 50 + top-p 0.9", 0.7, 50, 0.9),
+    ] {
+        let temperature = s.clone_htod(&[t; 8]).unwrap();
+        let top_k = s.clone_htod(&[kk; 8]).unwrap();
+        let top_p = s.clone_htod(&[pp; 8]).unwrap();
+        let p = DeviceSamplingParams {
+            temperature: &temperature,
+            top_k: &top_k,
+            top_p: &top_p,
+            seed: &seed,
+            counter: &counter,
+        };
+        let ms = time_ms(&k, 20, || {
+            sample_tokens(&k, &mut tokens, &logits, &shape, &p).unwrap()
+        });
+        eprintln!("sample_tokens 8 x {vocab}, {name}: {:.1} us", ms * 1e3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_fill_uniform_equals_the_reference_bit_for_bit() {
+    let d = device();
+    let seed = test_seed();
+    eprintln!("input seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut outputs = Vec::new();
+    let cases: Vec<(usize, u64, u64, f32, f32)> = (0..3)
+        .map(|i| {
+            (
+                [1usize, 4_097, 3_000_017][i],
+                rng.gen(),
+                rng.gen(),
+                rng.gen_range(0.001..2.0),
+                rng.gen_range(-1.0..1.0),
+            )
+        })
+        .collect();
+    for (path, k) in &load_both_paths(&d) {
+        let s = k.stream();
+        let mut per_path = Vec::new();
+        for &(n, seed, stream, scale, offset) in &cases {
+            let mut out = s.alloc_zeros::<bf16>(n + 5).unwrap();
+            fill_uniform_bf16(k, dev_mut(k, &mut out), n, seed, stream, scale, offset).unwrap();
+            let got = s.clone_dtoh(&out).unwrap();
+            let want = fill_uniform_bf16_reference(n, seed, stream, scale, offset);
+            let first_diff = got[..n]
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                first_diff, None,
+                "[{path}] n {n} seed {seed} stream {stream} scale {scale} offset {offset}: first difference"
+            );
+            assert!(
+                got[n..].iter().all(|v| v.to_bits() == 0),
+                "[{path}] wrote past n"
+            );
+            eprintln!("[{path}] fill_uniform_bf16 n {n}: bitwise equal to the reference");
+            per_path.push(got);
+        }
+        outputs.push(per_path);
+    }
+    assert_eq!(outputs[0], outputs[1]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_refuses_bad_shapes() {
+    let d = device();
+    let k = load_auto(&d);
+    let s = k.stream();
+    let logits = s.alloc_zeros::<f32>(100).unwrap();
+    let f = s.alloc_zeros::<f32>(2).unwrap();
+    let u = s.alloc_zeros::<u32>(2).unwrap();
+    let w = s.alloc_zeros::<u64>(2).unwrap();
+    let short = s.alloc_zeros::<u64>(1).unwrap();
+    let mut tokens = s.alloc_zeros::<i32>(2).unwrap();
+    let ok = DeviceSamplingParams {
+        temperature: &f,
+        top_k: &u,
+        top_p: &f,
+        seed: &w,
+        counter: &w,
+    };
+    let shape = |rows, vocab, row_stride| LogitsShape {
+        rows,
+        vocab,
+        row_stride,
+    };
+    let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
+    let e = err(sample_tokens(
+        &k,
+        &mut tokens,
+        &logits,
+        &shape(2, 60, 60),
+        &ok,
+    ));
+    assert!(e.contains("`logits` holds 100 elements"), "{e}");
+    let e = err(sample_tokens(
+        &k,
+        &mut tokens,
+        &logits,
+        &shape(2, 50, 40),
+        &ok,
+    ));
+    assert!(e.contains("row stride 40 is shorter"), "{e}");
+    let e = err(sample_tokens(
+        &k,
+        &mut tokens,
+        &logits,
+        &shape(2, 0, 0),
+        &ok,
+    ));
+    assert!(e.contains("vocabulary"), "{e}");
+    let e = err(sample_tokens(
+        &k,
+        &mut tokens,
+        &logits,
+        &shape(2, 50, 50),
+        &DeviceSamplingParams {
+            counter: &short,
+            ..ok
+        },
+    ));
+    assert!(e.contains("`counter` holds 1 elements"), "{e}");
+    let mut out = s.alloc_zeros::<bf16>(4).unwrap();
+    let e = err(fill_uniform_bf16(
+        &k,
+        dev_mut(&k, &mut out),
+        5,
+        1,
+        2,
+        1.0,
+        0.0,
+    ));
+    assert!(e.contains("`out` holds 4 elements"), "{e}");
+    // Nothing was launched: the stream is healthy.
+    s.synchronize().unwrap();
+}
