@@ -4,12 +4,13 @@
 #               built-in tiny model (on the GPU if there is one, else on the CPU reference engine)
 #   make test   the whole test suite (what CI runs)
 #   make lock   rewrite aot-manifest.lock after an intended kernel or flag change
+#   make triton regenerate the Triton modules' committed PTX and metadata (kernels/triton/generated/)
 SHELL := /bin/bash
 CARGO ?= cargo
 RELEASE := target/release
 VERIFY := $(RELEASE)/fatbin-verify verify --manifest aot-manifest.toml --lock aot-manifest.lock
 
-.PHONY: setup build verify run test lint lock gpu-bundle clean-cache
+.PHONY: setup build verify run test lint lock gpu-bundle clean-cache triton triton-check
 
 setup:
 	@bash scripts/setup-toolchain.sh
@@ -36,6 +37,16 @@ lint:
 test: setup
 	$(CARGO) test --workspace --release
 	$(MAKE) verify
+	$(MAKE) triton-check
+
+# Regenerating the Triton modules reproduces the committed PTX byte for byte (installs triton==3.6.0
+# into .triton-venv/; no GPU needed).
+triton-check: setup
+	bash scripts/triton-gen.sh --check
+
+triton: setup
+	bash scripts/triton-gen.sh
+	@echo "kernels/triton/generated/ rewritten; run \`make lock\` if images changed, review and commit both"
 
 lock: setup
 	AOT_UPDATE_LOCK=1 $(CARGO) build --release

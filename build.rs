@@ -55,6 +55,10 @@ fn main() {
                 "cargo:rustc-env=AOT_REGISTRY_RS={}",
                 out.registry_rs.display()
             );
+            println!(
+                "cargo:rustc-env=AOT_TRITON_META_RS={}",
+                out.triton_meta_rs.display()
+            );
         }
         Err(e) => {
             eprintln!("\nerror: aot-kernels kernel build failed\n{e}\n");

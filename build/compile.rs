@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use fatbin_verify::manifest::Manifest;
+use fatbin_verify::manifest::{Manifest, ModuleKind};
 use fatbin_verify::{CudaRelease, ImageKind, Target};
 use sha2::{Digest, Sha256};
 
@@ -79,6 +79,15 @@ pub struct Job {
     pub flags: Vec<String>,
     /// Cache file: its name carries the key, so a changed input never hits a stale file.
     pub output: PathBuf,
+    pub recipe: Recipe,
+}
+
+/// What makes a job's image: the job's toolchain compiling a CUDA source (nvcc for the primary,
+/// NVRTC for an extra toolchain), or the primary's ptxas on a Triton module's committed PTX.
+#[derive(Debug, Clone)]
+pub enum Recipe {
+    Cuda,
+    Triton(super::triton::TritonRecipe),
 }
 
 #[derive(Debug)]
@@ -149,7 +158,7 @@ fn parse_make_deps(text: &str) -> Vec<PathBuf> {
     deps
 }
 
-fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
+pub(crate) fn hash_files(root: &Path, files: &[PathBuf]) -> Result<String, BuildError> {
     let mut h = Sha256::new();
     for f in files {
         let rel = f.strip_prefix(root).unwrap_or(f);
@@ -179,7 +188,9 @@ pub fn hex(digest: sha2::digest::Output<Sha256>) -> String {
 }
 
 /// Images this build makes for a module, by (toolchain, target): the manifest's, SASS cut by
-/// `AOT_TARGETS`, every PTX fallback kept.
+/// `AOT_TARGETS`, every PTX fallback kept. A filter entry admits every variant of its
+/// architecture (`sm_90` keeps a module's `sm_90a`), so a quick build for one GPU still carries
+/// the Triton modules' arch-specific SASS.
 pub fn module_images(
     manifest: &Manifest,
     module: &fatbin_verify::manifest::Module,
@@ -189,7 +200,11 @@ pub fn module_images(
         .module_images(module)
         .into_iter()
         .filter(|(_, t)| {
-            t.virtual_arch || config.target_filter.as_ref().is_none_or(|f| f.contains(t))
+            t.virtual_arch
+                || config
+                    .target_filter
+                    .as_ref()
+                    .is_none_or(|f| f.iter().any(|x| x.sm == t.sm))
         })
         .collect()
 }
@@ -233,6 +248,20 @@ pub fn plan(
         })
         .collect();
     for module in &manifest.modules {
+        if module.kind == ModuleKind::Triton {
+            let (source_sha256, jobs, files) = super::triton::plan_module(
+                manifest,
+                module,
+                config,
+                toolchains,
+                &toolchain_id,
+                CACHE_VERSION,
+            )?;
+            inputs.extend(files);
+            source_hashes.push(source_sha256);
+            modules.push((module.name.clone(), jobs));
+            continue;
+        }
         let source = config.project_root.join(&module.source);
         let deps = dependencies(toolchain, config, module, &source)?;
         // The lock's source hash covers the project's own files, named relative to the project,
@@ -294,6 +323,7 @@ pub fn plan(
                 source: source.clone(),
                 flags: module.flags.clone(),
                 output,
+                recipe: Recipe::Cuda,
             });
         }
         source_hashes.push(source_sha256);
@@ -360,6 +390,19 @@ fn compile_one(
         .output
         .with_extension(format!("tmp{}", std::process::id()));
     let started = Instant::now();
+    if let Recipe::Triton(recipe) = &job.recipe {
+        super::triton::make_image(job, recipe, toolchains.primary, &tmp)?;
+        std::fs::rename(&tmp, &job.output).map_err(io_err(&job.output))?;
+        prune_stale(job);
+        log(&format!(
+            "assembled {} {} (CUDA {}) in {:.2} s",
+            job.module,
+            job.target,
+            job.toolchain,
+            started.elapsed().as_secs_f64()
+        ));
+        return Ok(done(false));
+    }
     if job.toolchain != toolchains.primary_cuda {
         let extra = toolchains.extra(job.toolchain).ok_or_else(|| {
             BuildError::Toolchain(format!("no CUDA {} toolchain was found", job.toolchain))

@@ -10,11 +10,12 @@ pub mod compile;
 pub mod nvrtc;
 pub mod registry_gen;
 pub mod toolchain;
+pub mod triton;
 
 use std::path::{Path, PathBuf};
 
 use fatbin_verify::lock::{Lock, LockDiff, LockError, LockedImage, LockedModule, LOCK_FORMAT};
-use fatbin_verify::manifest::{Manifest, ManifestError, ModuleKind};
+use fatbin_verify::manifest::{Manifest, ManifestError};
 use fatbin_verify::{CudaRelease, Target};
 
 pub use compile::{BuiltModule, ImageFormat, Toolchains};
@@ -154,6 +155,8 @@ pub struct BuildOutput {
     pub cached: usize,
     /// The generated registry source.
     pub registry_rs: PathBuf,
+    /// The generated launch facts of the Triton modules (`src/ops/triton.rs` includes it).
+    pub triton_meta_rs: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,12 +188,8 @@ pub enum BuildError {
         module: String,
         path: PathBuf,
     },
-    #[error("{manifest}: module[{index}] ({module}).kind: `triton` modules are not built yet; use kind = \"cuda\"")]
-    UnsupportedKind {
-        manifest: PathBuf,
-        index: usize,
-        module: String,
-    },
+    #[error("Triton module {module}: {message}")]
+    Triton { module: String, message: String },
     #[error("module {module}: {} failed to compile for {target} with CUDA {toolchain}:\n{stderr}\nFix the kernel source; kernels build with warnings as errors, with every toolchain of the manifest.", source_path.display())]
     Compile {
         module: String,
@@ -254,13 +253,6 @@ pub fn run(
                 path: module.source.clone(),
             });
         }
-        if module.kind != ModuleKind::Cuda {
-            return Err(BuildError::UnsupportedKind {
-                manifest: config.manifest_path.clone(),
-                index,
-                module: module.name.clone(),
-            });
-        }
     }
 
     let toolchain = toolchain::find(&config.project_root, env)?;
@@ -306,6 +298,7 @@ pub fn run(
     log(&format!("lock: {lock_status}"));
 
     let registry_rs = registry_gen::write(config, &manifest, &toolchains, &lock_status, &modules)?;
+    let triton_meta_rs = triton::write_meta_rs(config, &manifest)?;
     let cached = compiled.iter().filter(|c| c.from_cache).count();
     Ok(BuildOutput {
         toolchain,
@@ -316,6 +309,7 @@ pub fn run(
         compiled: compiled.len() - cached,
         cached,
         registry_rs,
+        triton_meta_rs,
     })
 }
 

@@ -5,6 +5,7 @@
 //! generated from `aot-manifest.toml`: no module, entry, toolchain or target name is written by
 //! hand in Rust.
 
+pub use fatbin_verify::manifest::ModuleKind;
 use fatbin_verify::{CudaRelease, Target, Variant};
 use serde::Serialize;
 
@@ -51,6 +52,9 @@ impl ImageRecord {
 #[derive(Debug, Serialize)]
 pub struct ModuleRecord {
     pub name: &'static str,
+    /// `cuda` (built by every toolchain of the manifest) or `triton` (committed Triton PTX,
+    /// built by the primary CUDA 13 toolchain only, so its images need a 13.0 driver).
+    pub kind: ModuleKind,
     pub entries: &'static [&'static str],
     pub source_sha256: &'static str,
     #[serde(skip)]

@@ -309,6 +309,7 @@ fn fake_toolchain(dir: &Path, version: &str, gpu_codes: &str, delegate: Option<&
     std::fs::set_permissions(&nvcc, std::fs::Permissions::from_mode(0o755)).unwrap();
     if let Some(real) = delegate {
         std::os::unix::fs::symlink(real.join("bin/fatbinary"), home.join("bin/fatbinary")).unwrap();
+        std::os::unix::fs::symlink(real.join("bin/ptxas"), home.join("bin/ptxas")).unwrap();
     }
     home
 }

@@ -13,7 +13,7 @@ use aot_kernels::dispatch::{
     load_all, load_all_from_env, load_modules, translate, DispatchError, ImageBytes, LoadReport,
     ModuleReport, ModuleSource, Policy, Reason, ToolchainChoice, Version, TOOLCHAIN_ENV,
 };
-use aot_kernels::registry;
+use aot_kernels::registry::{self, ModuleKind};
 use cudarc::driver::sys::CUresult;
 use fatbin_verify::Target;
 
@@ -52,19 +52,26 @@ fn assert_jitted_from_compute_80(m: &ModuleReport, sm: i32) {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_auto_loads_exact_sass_for_every_module() {
     let d = gpu("gpu_auto_loads_exact_sass_for_every_module");
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    // The newest toolchain this driver accepts: CUDA 13 on a 13.x driver, CUDA 12 below, where
+    // the Triton modules (CUDA 13 only) have no image and only the CUDA modules load.
+    let (newest, modules) = if d.spec.driver >= Version::new(13, 0) {
+        (cuda13(), ModuleSource::registry())
+    } else {
+        (cuda12(), ModuleSource::registry_of_kind(ModuleKind::Cuda))
+    };
+    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
     print(k.report());
     let want = exact_sass(&d);
     let sm = d.spec.capability.sm() as i32;
-    assert_eq!(k.report().modules.len(), registry::modules().len());
-    // The newest toolchain this driver accepts: CUDA 13 on a 13.x driver, CUDA 12 below.
-    let newest = if d.spec.driver >= Version::new(13, 0) {
-        cuda13()
-    } else {
-        cuda12()
-    };
+    assert_eq!(k.report().modules.len(), modules.len());
     for m in &k.report().modules {
-        assert_eq!(m.target, want, "{}", m.module);
+        // This GPU's SASS: `sm_90`, or `sm_90a` for the Triton modules.
+        assert!(
+            m.target.sm == want.sm && !m.target.virtual_arch,
+            "{}: {}",
+            m.module,
+            m.target
+        );
         assert_eq!(m.toolchain, newest, "{}", m.module);
         assert_eq!(
             (m.reason, m.jit),
@@ -243,14 +250,18 @@ fn gpu_load_times_sass_and_jit() {
     );
 }
 
-/// The registry limited to the CUDA 12 images: what an r525..r575 driver would be offered.
+/// The CUDA modules limited to the CUDA 12 images: what an r525..r575 driver would be offered
+/// (the Triton modules have none: they are built with CUDA 13 only).
 fn cuda12_registry() -> Vec<ModuleSource> {
-    let modules = ModuleSource::registry_with(ToolchainChoice::Major(12));
+    let modules: Vec<_> = ModuleSource::registry_of_kind(ModuleKind::Cuda)
+        .into_iter()
+        .map(|m| m.with_toolchains(ToolchainChoice::Major(12)))
+        .collect();
     assert!(
         modules
             .iter()
             .all(|m| !m.images.is_empty() && m.images.iter().all(|i| i.toolchain == cuda12())),
-        "the registry carries CUDA 12 images for every module"
+        "the registry carries CUDA 12 images for every CUDA module"
     );
     modules
 }
@@ -259,10 +270,11 @@ fn cuda12_registry() -> Vec<ModuleSource> {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
     let d = gpu("gpu_forced_cuda12_loads_cuda12_sass_for_every_module");
-    let k = load_modules(&d, 0, Policy::Auto, &cuda12_registry()).unwrap();
+    let modules = cuda12_registry();
+    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
     print(k.report());
     let (want, sm) = (exact_sass(&d), d.spec.capability.sm() as i32);
-    assert_eq!(k.report().modules.len(), registry::modules().len());
+    assert_eq!(k.report().modules.len(), modules.len());
     for m in &k.report().modules {
         assert_eq!(
             (m.target, m.toolchain, m.reason, m.jit),
@@ -319,6 +331,19 @@ fn gpu_toolchain_environment_switch_forces_cuda12() {
     let k = forced.unwrap();
     print(k.report());
     assert!(k.report().modules.iter().all(|m| m.toolchain == cuda12()));
+    // Every CUDA module loaded; the Triton modules (no CUDA 12 images) were left out.
+    let loaded: Vec<&str> = k
+        .report()
+        .modules
+        .iter()
+        .map(|m| m.module.as_str())
+        .collect();
+    let cuda: Vec<&str> = registry::modules()
+        .iter()
+        .filter(|m| m.kind == ModuleKind::Cuda)
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(loaded, cuda);
     // A major the registry has no images of: every module errs, naming what is there.
     let err = bogus.unwrap_err();
     assert!(

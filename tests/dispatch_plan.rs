@@ -6,10 +6,10 @@ use common::{altered, cuda12, cuda13, ptx_with_version};
 
 use aot_kernels::dispatch::source::parse_ptx_version;
 use aot_kernels::dispatch::{
-    check_module, oldest_driver_for_all, plan, verify_image, DeviceSpec, DispatchError,
-    ModuleSource, Policy, Reason, ToolchainChoice, Version,
+    check_module, oldest_driver_for_all, oldest_driver_for_plan, plan, verify_image, DeviceSpec,
+    DispatchError, ModuleSource, Policy, Reason, ToolchainChoice, Version,
 };
-use aot_kernels::registry;
+use aot_kernels::registry::{self, ModuleKind};
 use fatbin_verify::Target;
 
 fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
@@ -21,14 +21,19 @@ fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
 }
 
 /// Registry modules; a build that left out a target the test needs (`AOT_TARGETS`) cannot show
-/// the full plan, so the test fails rather than pass without checking.
+/// the full plan, so the test fails rather than pass without checking. A target names its
+/// architecture: `sm_90` is met by a Triton module's `sm_90a` too.
 fn registry_with(targets: &[&str]) -> Vec<ModuleSource> {
     let modules = ModuleSource::registry();
     assert!(!modules.is_empty(), "the registry has no modules");
+    assert!(
+        modules.iter().any(|m| is_triton(&m.name)) && modules.iter().any(|m| !is_triton(&m.name)),
+        "the registry has both CUDA and Triton modules"
+    );
     for m in &modules {
         for t in targets {
             let t: Target = t.parse().unwrap();
-            if !m.images.iter().any(|i| i.target == t) {
+            if !m.images.iter().any(|i| same_arch(i.target, t)) {
                 panic!(
                     "module {} has no {t} image (AOT_TARGETS={:?}); build without AOT_TARGETS to run this test",
                     m.name,
@@ -38,6 +43,15 @@ fn registry_with(targets: &[&str]) -> Vec<ModuleSource> {
         }
     }
     modules
+}
+
+/// Same architecture and kind (SASS or PTX), any variant: Triton builds `sm_90a` where nvcc builds `sm_90`.
+fn same_arch(a: Target, b: Target) -> bool {
+    a.sm == b.sm && a.virtual_arch == b.virtual_arch
+}
+
+fn is_triton(module: &str) -> bool {
+    registry::module(module).is_some_and(|m| m.kind == ModuleKind::Triton)
 }
 
 /// Per module: `Some("sm_87@12.9")` (target and toolchain of the choice) or `None` (an error).
@@ -55,12 +69,69 @@ fn chosen(p: &aot_kernels::dispatch::Plan) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-/// Every module chose `want` (`sm_87@12.9`).
+/// `sm_90a@13.0` -> `sm_90@13.0`: the architecture, whatever the variant.
+fn arch_of(choice: &str) -> String {
+    let (target, toolchain) = choice.split_once('@').unwrap();
+    let t: Target = target.parse().unwrap();
+    let base = if t.virtual_arch {
+        Target::ptx(t.sm)
+    } else {
+        Target::sass(t.sm)
+    };
+    format!("{base}@{toolchain}")
+}
+
+/// Every module chose `want` (`sm_87@12.9`; a Triton module's `sm_87`/`sm_90a` counts as its arch).
 fn assert_all(p: &aot_kernels::dispatch::Plan, want: &str) {
     assert!(!p.has_errors(), "{}", p.to_table());
+    assert_eq!(p.unavailable().count(), 0, "{}", p.to_table());
     for (module, target) in chosen(p) {
-        assert_eq!(target.as_deref(), Some(want), "{module}\n{}", p.to_table());
+        assert_eq!(
+            target.as_deref().map(arch_of).as_deref(),
+            Some(want),
+            "{module}\n{}",
+            p.to_table()
+        );
     }
+}
+
+/// The CUDA modules chose `want`; every Triton module (CUDA 13 only) is unavailable, not an
+/// error, and says why: each reason contains every one of `why`.
+fn assert_cuda_and_triton_unavailable(p: &aot_kernels::dispatch::Plan, want: &str, why: &[&str]) {
+    assert!(!p.has_errors(), "{}", p.to_table());
+    for m in &p.modules {
+        if is_triton(&m.module) {
+            let reason = m
+                .unavailable
+                .as_deref()
+                .unwrap_or_else(|| panic!("{} is not unavailable\n{}", m.module, p.to_table()));
+            assert!(m.choice.is_none() && m.error.is_some(), "{}", m.module);
+            assert!(
+                reason.starts_with("built with CUDA 13.0 only; "),
+                "{reason}"
+            );
+            for w in why {
+                assert!(reason.contains(w), "{}: {reason} lacks {w}", m.module);
+            }
+        } else {
+            let c = m
+                .choice
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}\n{}", m.module, p.to_table()));
+            assert_eq!(
+                format!("{}@{}", c.target, c.toolchain),
+                want,
+                "{}",
+                m.module
+            );
+        }
+    }
+    assert!(
+        p.to_table()
+            .contains("UNAVAILABLE: built with CUDA 13.0 only"),
+        "{}",
+        p.to_table()
+    );
 }
 
 fn at(target: &str, toolchain: fatbin_verify::CudaRelease) -> String {
@@ -97,9 +168,23 @@ fn drivers_older_than_13_get_the_cuda12_images_and_thor_stays_on_cuda13() {
         ("11.0", true, "13.0", at("sm_110", cuda13())),
     ] {
         let p = plan(dev(cap, integrated, driver), Policy::Auto, true, &modules);
-        assert_all(&p, &want);
+        if driver == "13.0" {
+            assert_all(&p, &want);
+        } else {
+            // The Triton modules are CUDA 13 only: SASS and the ISA 9.0 PTX need a 13.0 driver.
+            let sass = if cap == "8.7" { "sm_87" } else { "sm_90a" };
+            assert_cuda_and_triton_unavailable(
+                &p,
+                &want,
+                &[
+                    &format!("images for this GPU ({sass}, compute_80 PTX ISA 9.0)"),
+                    "need driver >= 13.0",
+                    &format!("this driver is CUDA {driver}"),
+                ],
+            );
+        }
         for m in &p.modules {
-            let c = m.choice.as_ref().unwrap();
+            let Some(c) = m.choice.as_ref() else { continue };
             assert_eq!(c.reason, Reason::ExactSass);
             assert_eq!(c.min_driver, Version::new(c.toolchain.major, 0));
             assert!(c.min_driver <= p.device.driver);
@@ -113,13 +198,23 @@ fn drivers_older_than_13_get_the_cuda12_images_and_thor_stays_on_cuda13() {
     }
     // Thor on a 12.x driver: no CUDA 12 sm_110 exists; only CUDA 12.9's PTX, on a 12.9 driver.
     let p = plan(dev("11.0", true, "12.9"), Policy::Auto, true, &modules);
-    assert_all(&p, &at("compute_80", cuda12()));
+    assert_cuda_and_triton_unavailable(
+        &p,
+        &at("compute_80", cuda12()),
+        &["(sm_110a, compute_80 PTX ISA 9.0) need driver >= 13.0"],
+    );
     let p = plan(dev("11.0", true, "12.8"), Policy::Auto, true, &modules);
+    assert!(p.has_errors());
     assert!(
         p.modules.iter().all(|m| m.error.is_some()),
         "{}",
         p.to_table()
     );
+    // The CUDA modules are errors; the Triton ones unavailable as on any 12.x driver.
+    assert!(p
+        .modules
+        .iter()
+        .all(|m| m.unavailable.is_some() == is_triton(&m.module)));
 }
 
 #[test]
@@ -127,24 +222,40 @@ fn a_driver_too_old_for_everything_says_which_driver_would_do() {
     let modules = registry_with(&["sm_90"]);
     let old = dev("9.0", false, "11.8");
     let p = plan(old, Policy::Auto, true, &modules);
-    assert!(p.modules.iter().all(|m| m.error.is_some()));
+    assert!(p.modules.iter().all(|m| m.error.is_some()) && p.has_errors());
     for m in &p.modules {
         let e = m.error.as_deref().unwrap();
+        // The oldest image that fits: CUDA 12.9's sm_90, or a Triton module's CUDA 13.0 sm_90a.
+        let oldest = if is_triton(&m.module) {
+            "sm_90a (CUDA 13.0), needs driver >= 13.0"
+        } else {
+            "sm_90 (CUDA 12.9), needs driver >= 12.0"
+        };
         assert!(
             e.contains("the driver (CUDA 11.8) is older than every image that fits this GPU")
-                && e.contains("sm_90 (CUDA 12.9), needs driver >= 12.0")
+                && e.contains(oldest)
                 && e.contains("Update the NVIDIA driver"),
             "{e}"
         );
     }
+    // The oldest driver that runs the plan (the CUDA 13 only Triton modules unavailable there),
+    // and the oldest that runs every module.
+    assert_eq!(
+        oldest_driver_for_plan(old, Policy::Auto, &modules),
+        Some(Version::new(12, 0))
+    );
     assert_eq!(
         oldest_driver_for_all(old, Policy::Auto, &modules),
-        Some(Version::new(12, 0))
+        Some(Version::new(13, 0))
     );
     // PTX only: the CUDA 12.9 PTX needs 12.9.
     assert_eq!(
-        oldest_driver_for_all(old, Policy::PtxOnly, &modules),
+        oldest_driver_for_plan(old, Policy::PtxOnly, &modules),
         Some(Version::new(12, 9))
+    );
+    assert_eq!(
+        oldest_driver_for_all(old, Policy::PtxOnly, &modules),
+        Some(Version::new(13, 0))
     );
 }
 
@@ -168,7 +279,11 @@ fn orin_without_sm_87_takes_ptx_not_sm_80() {
     let p = plan(dev("8.7", false, "13.0"), Policy::Auto, true, &without);
     assert_all(&p, &at("sm_86", cuda13()));
     let p = plan(dev("8.7", false, "12.6"), Policy::Auto, true, &without);
-    assert_all(&p, &at("sm_86", cuda12()));
+    assert_cuda_and_triton_unavailable(
+        &p,
+        &at("sm_86", cuda12()),
+        &["(sm_80, sm_86, compute_80 PTX ISA 9.0) need driver >= 13.0"],
+    );
 }
 
 #[test]
@@ -202,9 +317,10 @@ fn hopper_on_a_12_8_driver_with_only_sm_80_and_nvcc13_ptx_is_an_error_that_says_
         );
     }
     assert!(p.to_table().contains("ERROR"));
-    // With the CUDA 12 images beside them, the same device runs CUDA 12.9's sm_90.
+    // With the CUDA 12 images beside them, the same device runs CUDA 12.9's sm_90 (the Triton
+    // modules, CUDA 13 only, are unavailable).
     let p = plan(dev("9.0", false, "12.8"), Policy::Auto, true, &modules);
-    assert_all(&p, &at("sm_90", cuda12()));
+    assert_cuda_and_triton_unavailable(&p, &at("sm_90", cuda12()), &["need driver >= 13.0"]);
 }
 
 #[test]
@@ -215,7 +331,11 @@ fn a_future_gpu_falls_back_to_ptx_and_an_old_driver_cannot() {
     assert!(p.modules.iter().all(|m| m.choice.as_ref().unwrap().jit));
     // A 12.9 driver takes CUDA 12.9's PTX (ISA 8.8); a 12.8 driver knows neither ISA.
     let p = plan(dev("13.0", false, "12.9"), Policy::Auto, true, &modules);
-    assert_all(&p, &at("compute_80", cuda12()));
+    assert_cuda_and_triton_unavailable(
+        &p,
+        &at("compute_80", cuda12()),
+        &["(compute_80 PTX ISA 9.0) need driver >= 13.0"],
+    );
     let p = plan(dev("13.0", false, "12.8"), Policy::Auto, true, &modules);
     assert!(
         p.modules.iter().all(|m| m.error.is_some()),
@@ -240,30 +360,40 @@ fn h200_policies() {
         &plan(h200, Policy::PtxOnly, false, &modules),
         &at("compute_80", cuda13()),
     );
-    // Forcing the CUDA 12 images (what the H200 GPU test does on its 13.0 driver).
+    // Forcing the CUDA 12 images (what the H200 GPU test does on its 13.0 driver): every CUDA
+    // module has them, no Triton module does (CUDA 13 only), so those are unavailable.
     let cu12: Vec<_> = modules
         .iter()
         .cloned()
         .map(|m| m.with_toolchains(ToolchainChoice::Major(12)))
         .collect();
-    assert!(cu12
-        .iter()
-        .all(|m| !m.images.is_empty() && m.images.iter().all(|i| i.toolchain == cuda12())));
-    assert_all(
+    assert!(cu12.iter().all(|m| if is_triton(&m.name) {
+        m.images.is_empty()
+    } else {
+        !m.images.is_empty() && m.images.iter().all(|i| i.toolchain == cuda12())
+    }));
+    let choice_out = ["the toolchain choice leaves out its CUDA 13.0 images"];
+    assert_cuda_and_triton_unavailable(
         &plan(h200, Policy::Auto, false, &cu12),
         &at("sm_90", cuda12()),
+        &choice_out,
     );
     let p = plan(h200, Policy::PtxOnly, false, &cu12);
-    assert_all(&p, &at("compute_80", cuda12()));
-    assert!(p.modules.iter().all(|m| m.choice.as_ref().unwrap().reason
-        == Reason::PtxJit {
-            isa: (8, 8),
-            min_driver: Version::new(12, 9),
-            forced: true
-        }));
+    assert_cuda_and_triton_unavailable(&p, &at("compute_80", cuda12()), &choice_out);
+    assert!(p
+        .modules
+        .iter()
+        .filter_map(|m| m.choice.as_ref())
+        .all(|c| c.reason
+            == Reason::PtxJit {
+                isa: (8, 8),
+                min_driver: Version::new(12, 9),
+                forced: true
+            }));
+    // As a build without any sm_90 SASS (sm_90a included) would carry.
     let without: Vec<_> = modules
         .into_iter()
-        .map(|m| m.without_target(Target::sass(90)))
+        .map(|m| m.retain_images(|i| i.target.virtual_arch || i.target.sm != 90))
         .collect();
     assert_all(
         &plan(h200, Policy::Auto, false, &without),
@@ -290,6 +420,25 @@ fn plan_serializes_with_device_policy_and_choices() {
     assert!(images
         .iter()
         .any(|i| i["toolchain"] == "12.9" && i["min_driver"] == "12.0"));
+    // Orin on JetPack 6: a Triton module is unavailable, with the error and the reason.
+    let p = plan(dev("8.7", true, "12.6"), Policy::Auto, true, &modules);
+    let json: serde_json::Value = serde_json::to_value(&p).unwrap();
+    let triton = json["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| is_triton(m["module"].as_str().unwrap()))
+        .unwrap();
+    assert!(triton.get("choice").is_none());
+    assert!(triton["error"]
+        .as_str()
+        .unwrap()
+        .contains("needs driver >= 13.0"));
+    assert!(triton["unavailable"]
+        .as_str()
+        .unwrap()
+        .contains("compute_80 PTX ISA 9.0"));
+    assert!(json["modules"][0].get("unavailable").is_none());
 }
 
 #[test]

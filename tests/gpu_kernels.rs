@@ -18,6 +18,7 @@ use aot_kernels::ops::rmsnorm::{
     fused_add_rmsnorm, fused_add_rmsnorm_reference, rmsnorm, rmsnorm_reference, RmsNormParams,
 };
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, rotary_neox_reference, RotaryParams};
+use aot_kernels::registry::ModuleKind;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
@@ -219,14 +220,15 @@ fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
     eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
     let inputs = Inputs { seed };
 
-    let cu13 = load_modules(
-        &d,
-        0,
-        Policy::Auto,
-        &ModuleSource::registry_with(ToolchainChoice::Major(13)),
-    )
-    .unwrap();
-    let cu12 = ModuleSource::registry_with(ToolchainChoice::Major(12));
+    // The CUDA modules with one toolchain's images (the Triton modules have no CUDA 12 images).
+    let only = |major| -> Vec<ModuleSource> {
+        ModuleSource::registry_of_kind(ModuleKind::Cuda)
+            .into_iter()
+            .map(|m| m.with_toolchains(ToolchainChoice::Major(major)))
+            .collect()
+    };
+    let cu13 = load_modules(&d, 0, Policy::Auto, &only(13)).unwrap();
+    let cu12 = only(12);
     let cu12_sass = load_modules(&d, 0, Policy::Auto, &cu12).unwrap();
     let cu12_ptx = load_modules(&d, 0, Policy::PtxOnly, &cu12).unwrap();
     for k in [&cu13, &cu12_sass, &cu12_ptx] {

@@ -32,6 +32,12 @@ fn chosen(json: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Whether a plan module (JSON) is a Triton module: built with CUDA 13 only.
+fn is_triton(m: &serde_json::Value) -> bool {
+    aot_kernels::registry::module(m["module"].as_str().unwrap())
+        .is_some_and(|r| r.kind == aot_kernels::registry::ModuleKind::Triton)
+}
+
 /// Per module: `target toolchain min_driver` of the choice, e.g. `sm_87 12.9 12.0`.
 fn chosen_with_driver(json: &serde_json::Value) -> Vec<String> {
     json["plan"]["modules"]
@@ -50,31 +56,72 @@ fn chosen_with_driver(json: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Every CUDA module chose `want` (`target toolchain min_driver`); every Triton module has no
+/// choice and says why it is unavailable.
+fn assert_cuda_modules_chose(json: &serde_json::Value, want: &str) {
+    let modules = json["plan"]["modules"].as_array().unwrap();
+    for (m, c) in modules.iter().zip(chosen_with_driver(json)) {
+        if is_triton(m) {
+            assert_eq!(c, "ERROR - -", "{m}");
+            assert!(m["unavailable"].is_string(), "{m}");
+        } else {
+            assert_eq!(c, want, "{m}");
+        }
+    }
+}
+
 #[test]
 fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
     assert!(
         aot_kernels::registry::build_info().target_filter.is_none(),
         "exact-SASS plan checks need a build without AOT_TARGETS"
     );
-    for (args, want) in [
+    // Per case: the CUDA modules' choice, and the Triton modules' (None: unavailable, CUDA 13 only).
+    for (args, want, want_triton) in [
         (
             &["--simulate", "8.7", "--integrated", "--driver", "12.6"][..],
             "sm_87 12.9 12.0",
+            None,
         ),
         (
             &["--simulate", "9.0", "--driver", "12.4"][..],
             "sm_90 12.9 12.0",
+            None,
         ),
         (
             &["--simulate", "11.0", "--integrated", "--driver", "13.0"][..],
             "sm_110 13.0 13.0",
+            Some("sm_110a 13.0 13.0"),
         ),
     ] {
+        // Exit 0 either way: on a 12.x driver only the Triton modules lack an image.
         let (code, json) = plan_json(args);
         assert_eq!(code, Some(0), "{args:?}: {json}");
         let got = chosen_with_driver(&json);
-        assert!(!got.is_empty());
-        assert!(got.iter().all(|c| c == want), "{args:?}: {got:?}");
+        let modules = json["plan"]["modules"].as_array().unwrap();
+        assert!(modules.iter().any(is_triton) && modules.iter().any(|m| !is_triton(m)));
+        for (m, got) in modules.iter().zip(&got) {
+            if !is_triton(m) {
+                assert_eq!(got, want, "{args:?}: {m}");
+                continue;
+            }
+            match want_triton {
+                Some(w) => assert_eq!(got, w, "{args:?}: {m}"),
+                None => {
+                    assert_eq!(got, "ERROR - -", "{args:?}: {m}");
+                    let why = m["unavailable"].as_str().unwrap();
+                    assert!(
+                        why.contains("built with CUDA 13.0 only")
+                            && why.contains("compute_80 PTX ISA 9.0")
+                            && why.contains("need driver >= 13.0"),
+                        "{why}"
+                    );
+                }
+            }
+        }
+        let unavailable = json["unavailable"].as_array().map_or(0, Vec::len);
+        let triton = modules.iter().filter(|m| is_triton(m)).count();
+        assert_eq!(unavailable, if want_triton.is_some() { 0 } else { triton });
     }
     // The table shows toolchain and required driver per module.
     let out = qwen_decode(&[
@@ -85,6 +132,7 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
         "--driver",
         "12.6",
     ]);
+    assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("cuda  driver>="), "{stdout}");
     assert!(
@@ -92,6 +140,22 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
             .lines()
             .any(|l| l.starts_with("rmsnorm ") && l.contains("sm_87        12.9  12.0")),
         "{stdout}"
+    );
+    // Each Triton module says, in its row, why it has no image on this driver.
+    assert!(
+        stdout.lines().any(|l| l.starts_with("gdn_conv1d ")
+            && l.contains("UNAVAILABLE: built with CUDA 13.0 only; its CUDA 13.0 images for this GPU (sm_87, compute_80 PTX ISA 9.0) need driver >= 13.0; this driver is CUDA 12.6")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("gdn_conv1d [gdn_causal_conv1d] (triton):"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: 8 module(s) unavailable on this device: gdn_conv1d,")
+            && !stderr.contains("error:"),
+        "{stderr}"
     );
 }
 
@@ -105,14 +169,23 @@ fn forcing_cuda12_images_and_a_driver_too_old_for_everything() {
         "--toolchain",
         "cuda12",
     ]);
+    // The Triton modules have no CUDA 12 images: unavailable under this choice, not an error.
     assert_eq!(code, Some(0));
     assert_eq!(json["toolchain_choice"], "cuda12");
-    assert!(
-        chosen_with_driver(&json)
-            .iter()
-            .all(|c| c == "sm_90 12.9 12.0"),
-        "{json}"
-    );
+    let modules = json["plan"]["modules"].as_array().unwrap();
+    for (m, c) in modules.iter().zip(chosen_with_driver(&json)) {
+        if is_triton(m) {
+            assert!(
+                m["unavailable"]
+                    .as_str()
+                    .unwrap()
+                    .contains("the toolchain choice leaves out its CUDA 13.0 images"),
+                "{m}"
+            );
+        } else {
+            assert_eq!(c, "sm_90 12.9 12.0", "{m}");
+        }
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_qwen-decode"))
         .args([
             "kernels",
@@ -129,19 +202,15 @@ fn forcing_cuda12_images_and_a_driver_too_old_for_everything() {
         .output()
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        chosen_with_driver(&json)
-            .iter()
-            .all(|c| c == "compute_80 12.9 12.9"),
-        "{json}"
-    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_cuda_modules_chose(&json, "compute_80 12.9 12.9");
 
     let out = qwen_decode(&["kernels", "--simulate", "9.0", "--driver", "11.8"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("the driver (CUDA 11.8) is too old for these kernels")
-            && stderr.contains("supports CUDA 12.0")
+            && stderr.contains("supports CUDA 12.0 (CUDA 13.0 for every module")
             && stderr.contains("Update the NVIDIA driver"),
         "{stderr}"
     );
@@ -181,15 +250,18 @@ fn simulated_thor_orin_and_future_plans() {
     let (code, json) = plan_json(&["--simulate", "11.0", "--integrated", "--driver", "13.0"]);
     assert_eq!(code, Some(0));
     assert_eq!(json["plan"]["simulated"], true);
-    assert!(chosen(&json).iter().all(|t| t == "sm_110"), "{json}");
-    let (_, json) = plan_json(&["--simulate", "8.7", "--integrated", "--driver", "12.8"]);
-    assert!(chosen(&json).iter().all(|t| t == "sm_87"), "{json}");
+    // Exact SASS for Thor in every module: `sm_110`, or `sm_110a` for the Triton modules.
     assert!(
-        chosen_with_driver(&json)
+        chosen(&json)
             .iter()
-            .all(|c| c == "sm_87 12.9 12.0"),
+            .all(|t| t == "sm_110" || t == "sm_110a"),
         "{json}"
     );
+    // Orin on a 12.8 driver: the CUDA modules' CUDA 12.9 sm_87; the Triton modules (CUDA 13
+    // only) unavailable, and the plan still exits 0.
+    let (code, json) = plan_json(&["--simulate", "8.7", "--integrated", "--driver", "12.8"]);
+    assert_eq!(code, Some(0));
+    assert_cuda_modules_chose(&json, "sm_87 12.9 12.0");
     let (code, json) = plan_json(&["--simulate", "13.0", "--driver", "13.0"]);
     assert_eq!(code, Some(0));
     assert!(chosen(&json).iter().all(|t| t == "compute_80"), "{json}");

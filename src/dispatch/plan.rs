@@ -1,6 +1,13 @@
 //! The dispatch plan: for every module, which image a device would load and why. Pure, so
 //! `qwen-decode kernels --simulate` and CI can show any device's plan without a GPU.
+//!
+//! A module without a usable image is an error, except where the build made it with only some of
+//! its toolchains (the Triton modules: CUDA 13 only) and none of those can serve here: a driver
+//! older than every such image that fits the GPU needs (CUDA 13 output on a 12.x driver), or a
+//! toolchain choice that leaves them out (`--toolchain cuda12`). Such a module is *unavailable*:
+//! the plan says why, and the other modules' plans stand ([`Plan::has_errors`] does not count it).
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use fatbin_verify::{CudaRelease, Target};
@@ -8,7 +15,8 @@ use serde::Serialize;
 
 use super::policy::Policy;
 use super::select::{
-    min_driver_for_image, select_image, DeviceSpec, NoImageError, Reason, Selection, Version,
+    fits_device, min_driver_for_image, select_image, DeviceSpec, NoImageError, Reason, Selection,
+    Version,
 };
 use super::source::ModuleSource;
 
@@ -48,6 +56,10 @@ pub struct ModulePlan {
     pub choice: Option<Choice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `error`: why the module is unavailable here by the build's design rather than broken
+    /// (made with only some toolchains, none of which can serve this driver or choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,7 +80,64 @@ pub fn select_for_module(
     select_image(device, policy, &module.candidates())
 }
 
+/// Why `m`, which has no usable image here, is unavailable by design rather than broken: the
+/// build made it with fewer toolchains than `every` module's, and each of its toolchains is out
+/// of reach (its images left out by the toolchain choice, or every one of them that fits this GPU
+/// needs a newer driver). `None`: an error like any other.
+fn unavailable_reason(
+    device: &DeviceSpec,
+    policy: Policy,
+    m: &ModuleSource,
+    every: &BTreeSet<CudaRelease>,
+) -> Option<String> {
+    if m.toolchains.is_empty() || every.iter().all(|t| m.toolchains.contains(t)) {
+        return None;
+    }
+    let mut why = Vec::new();
+    for &t in &m.toolchains {
+        let mine: Vec<_> = m.images.iter().filter(|i| i.toolchain == t).collect();
+        if mine.is_empty() {
+            why.push(format!(
+                "the toolchain choice leaves out its CUDA {t} images"
+            ));
+            continue;
+        }
+        let fitting: Vec<(String, Version)> = mine
+            .iter()
+            .filter(|i| fits_device(i.target, device, policy))
+            .filter_map(|i| {
+                let driver = min_driver_for_image(&i.candidate()).ok()?;
+                let what = match i.ptx_version {
+                    Some((a, b)) if i.is_ptx() => format!("{} PTX ISA {a}.{b}", i.target),
+                    _ => i.target.to_string(),
+                };
+                Some((what, driver))
+            })
+            .collect();
+        let oldest = fitting.iter().map(|(_, d)| *d).min()?;
+        if oldest <= device.driver {
+            return None;
+        }
+        let list: Vec<&str> = fitting.iter().map(|(w, _)| w.as_str()).collect();
+        why.push(format!(
+            "its CUDA {t} images for this GPU ({}) need driver >= {oldest}",
+            list.join(", ")
+        ));
+    }
+    let built: Vec<String> = m.toolchains.iter().map(|t| format!("CUDA {t}")).collect();
+    Some(format!(
+        "built with {} only; {}; this driver is CUDA {}",
+        built.join(" and "),
+        why.join("; "),
+        device.driver
+    ))
+}
+
 pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[ModuleSource]) -> Plan {
+    let every: BTreeSet<CudaRelease> = modules
+        .iter()
+        .flat_map(|m| m.toolchains.iter().copied())
+        .collect();
     let modules = modules
         .iter()
         .map(|m| {
@@ -85,7 +154,7 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                     sha256: img.sha256.clone(),
                 })
                 .collect();
-            let (choice, error) = match select_for_module(&device, policy, m) {
+            let (choice, error, unavailable) = match select_for_module(&device, policy, m) {
                 Ok(sel) => (
                     Some(Choice {
                         target: sel.target,
@@ -96,8 +165,13 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                         why: sel.reason.to_string(),
                     }),
                     None,
+                    None,
                 ),
-                Err(e) => (None, Some(e.to_string())),
+                Err(e) => (
+                    None,
+                    Some(e.to_string()),
+                    unavailable_reason(&device, policy, m, &every),
+                ),
             };
             ModulePlan {
                 module: m.name.clone(),
@@ -105,6 +179,7 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                 images,
                 choice,
                 error,
+                unavailable,
             }
         })
         .collect();
@@ -116,12 +191,37 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
     }
 }
 
-/// The oldest driver with which every module has an image on this GPU under `policy`, if any
-/// driver would do: what to tell a user whose driver is too old for everything.
+/// The oldest driver whose plan on this GPU under `policy` has no errors (modules unavailable by
+/// design aside), if any driver would do: what to tell a user whose driver is too old.
+pub fn oldest_driver_for_plan(
+    device: DeviceSpec,
+    policy: Policy,
+    modules: &[ModuleSource],
+) -> Option<Version> {
+    oldest_driver_where(device, modules, |d| {
+        !plan(d, policy, true, modules).has_errors()
+    })
+}
+
+/// The oldest driver with which every module (those a build made with only some toolchains
+/// included) has an image on this GPU under `policy`, if any driver would do.
 pub fn oldest_driver_for_all(
     device: DeviceSpec,
     policy: Policy,
     modules: &[ModuleSource],
+) -> Option<Version> {
+    oldest_driver_where(device, modules, |d| {
+        modules
+            .iter()
+            .all(|m| select_for_module(&d, policy, m).is_ok())
+    })
+}
+
+/// The oldest driver some image needs for which `ok` holds on `device` with that driver.
+fn oldest_driver_where(
+    device: DeviceSpec,
+    modules: &[ModuleSource],
+    ok: impl Fn(DeviceSpec) -> bool,
 ) -> Option<Version> {
     let mut drivers: Vec<Version> = modules
         .iter()
@@ -130,17 +230,22 @@ pub fn oldest_driver_for_all(
         .collect();
     drivers.sort();
     drivers.dedup();
-    drivers.into_iter().find(|&driver| {
-        let d = DeviceSpec { driver, ..device };
-        modules
-            .iter()
-            .all(|m| select_for_module(&d, policy, m).is_ok())
-    })
+    drivers
+        .into_iter()
+        .find(|&driver| ok(DeviceSpec { driver, ..device }))
 }
 
 impl Plan {
+    /// A module that should run here has no usable image (unavailable modules do not count).
     pub fn has_errors(&self) -> bool {
-        self.modules.iter().any(|m| m.error.is_some())
+        self.modules
+            .iter()
+            .any(|m| m.error.is_some() && m.unavailable.is_none())
+    }
+
+    /// The modules unavailable here by design (no image of their toolchains can serve).
+    pub fn unavailable(&self) -> impl Iterator<Item = &ModulePlan> {
+        self.modules.iter().filter(|m| m.unavailable.is_some())
     }
 
     /// The chosen target of `module`, if it has one.
@@ -157,9 +262,16 @@ impl Plan {
             .as_ref()
     }
 
-    /// A fixed-width table: one row per module.
+    /// A fixed-width table: one row per module (the module column as wide as the longest name).
     pub fn to_table(&self) -> String {
         let mut out = String::new();
+        let w = self
+            .modules
+            .iter()
+            .map(|m| m.module.len())
+            .max()
+            .unwrap_or(0)
+            .max(12);
         let source = if self.simulated {
             "simulated"
         } else {
@@ -172,16 +284,28 @@ impl Plan {
         );
         let _ = writeln!(
             out,
-            "{:<12} {:<12} {:<5} {:<8} {:<5} why",
+            "{:<w$} {:<12} {:<5} {:<8} {:<5} why",
             "module", "image", "cuda", "driver>=", "jit"
         );
         for m in &self.modules {
             match (&m.choice, &m.error) {
+                (None, Some(_)) if m.unavailable.is_some() => {
+                    let _ = writeln!(
+                        out,
+                        "{:<w$} {:<12} {:<5} {:<8} {:<5} UNAVAILABLE: {}",
+                        m.module,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        m.unavailable.as_deref().unwrap_or_default()
+                    );
+                }
                 (Some(c), _) => {
                     let jit = if c.jit { "yes" } else { "no" };
                     let _ = writeln!(
                         out,
-                        "{:<12} {:<12} {:<5} {:<8} {:<5} {}",
+                        "{:<w$} {:<12} {:<5} {:<8} {:<5} {}",
                         m.module,
                         c.target.to_string(),
                         c.toolchain.to_string(),
@@ -193,7 +317,7 @@ impl Plan {
                 (None, Some(e)) => {
                     let _ = writeln!(
                         out,
-                        "{:<12} {:<12} {:<5} {:<8} {:<5} ERROR: {e}",
+                        "{:<w$} {:<12} {:<5} {:<8} {:<5} ERROR: {e}",
                         m.module, "-", "-", "-", "-"
                     );
                 }

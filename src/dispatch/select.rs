@@ -294,6 +294,13 @@ fn ptx_arch_fits(target: Target, cap: Version) -> bool {
     }
 }
 
+/// Whether `policy` lets `device` run an image for `target` at all, the driver aside (SASS that
+/// fits, or PTX of an architecture it may JIT).
+pub(crate) fn fits_device(target: Target, device: &DeviceSpec, policy: Policy) -> bool {
+    (policy != Policy::PtxOnly && sass_fit(target, device).is_some())
+        || (policy != Policy::SassOnly && ptx_arch_fits(target, device.capability))
+}
+
 /// Rank among exact SASS: arch-specific code uses features the baseline cannot, so prefer it.
 fn variant_rank(v: Variant) -> u8 {
     match v {

@@ -5,7 +5,7 @@ use fatbin_verify::{CudaRelease, Target};
 
 use super::policy::ToolchainChoice;
 use super::select::ImageCandidate;
-use crate::registry::{self, ModuleRecord};
+use crate::registry::{self, ModuleKind, ModuleRecord};
 
 /// Where an image's bytes live; only `'static` registry bytes may skip re-hashing.
 #[derive(Debug, Clone)]
@@ -55,6 +55,11 @@ pub struct ModuleSource {
     pub name: String,
     pub entries: Vec<String>,
     pub images: Vec<ImageSource>,
+    /// The toolchains the build made this module with, newest first, whatever `images` has been
+    /// cut to since (a toolchain choice, a test's subset). A module made with fewer toolchains
+    /// than the others (the Triton modules: CUDA 13 only) is unavailable, not an error, where
+    /// none of its toolchains can serve (see `plan`).
+    pub toolchains: Vec<CudaRelease>,
 }
 
 impl ModuleSource {
@@ -70,10 +75,14 @@ impl ModuleSource {
                 bytes: ImageBytes::Static(img.bytes()),
             })
             .collect();
+        let mut toolchains: Vec<CudaRelease> = record.images.iter().map(|i| i.toolchain).collect();
+        toolchains.sort_by(|a, b| b.cmp(a));
+        toolchains.dedup();
         ModuleSource {
             name: record.name.to_string(),
             entries: record.entries.iter().map(|e| e.to_string()).collect(),
             images,
+            toolchains,
         }
     }
 
@@ -81,6 +90,16 @@ impl ModuleSource {
     pub fn registry() -> Vec<ModuleSource> {
         registry::modules()
             .iter()
+            .map(ModuleSource::from_record)
+            .collect()
+    }
+
+    /// The registry's modules of one kind, in manifest order (the Qwen3 runner launches the
+    /// `cuda` modules only).
+    pub fn registry_of_kind(kind: ModuleKind) -> Vec<ModuleSource> {
+        registry::modules()
+            .iter()
+            .filter(|r| r.kind == kind)
             .map(ModuleSource::from_record)
             .collect()
     }

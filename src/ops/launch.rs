@@ -43,6 +43,26 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     ),
     (super::sampling::MODULE, super::sampling::ENTRY),
     (super::bench::MODULE, super::bench::ENTRY),
+    (
+        super::gated_delta_net::MODULE_CONV,
+        super::gated_delta_net::ENTRY_CONV,
+    ),
+    (
+        super::gated_delta_net::MODULE_RECURRENT,
+        super::gated_delta_net::ENTRY_RECURRENT,
+    ),
+    (
+        super::gated_delta_net::MODULE_PREFILL,
+        super::gated_delta_net::ENTRY_PREFILL,
+    ),
+    (
+        super::gated_delta_net::MODULE_NORM,
+        super::gated_delta_net::ENTRY_NORM,
+    ),
+    (super::moe::MODULE_ROUTER, super::moe::ENTRY_ROUTER),
+    (super::moe::MODULE_ROUTE, super::moe::ENTRY_ROUTE),
+    (super::moe::MODULE_GATE_UP, super::moe::ENTRY_GATE_UP),
+    (super::moe::MODULE_DOWN, super::moe::ENTRY_DOWN),
 ];
 
 #[derive(Debug, thiserror::Error)]

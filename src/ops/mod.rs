@@ -10,15 +10,18 @@ pub mod attention_prefill;
 pub mod bench;
 pub mod compare;
 pub mod embedding;
+pub mod gated_delta_net;
 pub mod gemm;
 pub mod gemv;
 pub mod init;
 pub mod kv_cache;
 pub mod launch;
+pub mod moe;
 pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
 pub mod sampling;
+pub mod triton;
 
 pub use launch::{dev, dev_mut, DevMut, DevRef, OpsError, LAUNCHED_ENTRIES};

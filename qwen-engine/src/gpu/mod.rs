@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
-use aot_kernels::dispatch::{self, LoadedKernels, Policy};
+use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::attention::{
     attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
 };
@@ -37,6 +37,7 @@ use aot_kernels::ops::sampling::{
     sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
 };
 use aot_kernels::ops::{dev, dev_mut, OpsError};
+use aot_kernels::registry::ModuleKind;
 use half::bf16;
 use serde::Serialize;
 
@@ -145,8 +146,18 @@ impl GpuRunner {
         progress: &mut dyn FnMut(usize),
     ) -> Result<GpuRunner, RunnerError> {
         let started = Instant::now();
-        let k =
-            dispatch::load_all(options.policy).map_err(|e| RunnerError::Device(e.to_string()))?;
+        // The `cuda` modules only: the runner launches nothing else, and the Triton modules
+        // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs.
+        let k = dispatch::open_device(0)
+            .and_then(|d| {
+                dispatch::load_modules(
+                    &d,
+                    0,
+                    options.policy,
+                    &ModuleSource::registry_of_kind(ModuleKind::Cuda),
+                )
+            })
+            .map_err(|e| RunnerError::Device(e.to_string()))?;
         let s = k.stream().clone();
         let w = weights::upload(&k, cfg, weights, progress)?;
         let zeros_f32 =

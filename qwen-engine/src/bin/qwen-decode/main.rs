@@ -5,13 +5,21 @@
 //! - `qwen-decode kernels` shows the embedded kernel registry and the dispatch plan of this
 //!   machine (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated]
 //!   --driver X.Y` shows the plan of any other device without a GPU.
-//!
+//! - `qwen-decode bench` runs the decode benchmark matrix on the GPU and writes an evidence bundle.
 //! - `qwen-decode bench-report FILE.json [--markdown] [--chart OUT.svg]` checks a stored bench
 //!   bundle (or a peers file) and renders its matrix table and chart; no GPU needed.
 //!
 //! Exit status: 0 fine, 1 a failure (kernels: a module has no usable image or failed to load;
 //! bench-report: an unreadable or invalid bundle), 2 usage error, 3 no CUDA device here (kernels;
 //! use --simulate), 4 a valid bundle that records a correctness failure (bench-report).
+//!
+//! `kernels` and modules unavailable by design: the Triton modules (Gated DeltaNet, MoE) are built
+//! with CUDA 13 only, so a 12.x driver (or `--toolchain cuda12`) has no image for them. The plan
+//! marks each UNAVAILABLE with the driver it needs, a note names them, and on a GPU the other
+//! modules are still loaded and reported; the exit status stays 0 when every other module has an
+//! image, since the Qwen3 engine launches none of them (it loads the `cuda` modules only). A
+//! module that should run here and cannot (a `cuda` module, or a Triton module on a 13.x driver)
+//! still exits 1.
 
 mod bench;
 mod bench_report;
@@ -80,6 +88,9 @@ struct KernelsJson<'a> {
     registry_bytes: usize,
     toolchain_choice: ToolchainChoice,
     plan: &'a Plan,
+    /// Modules without an image here by design (see the module docs); not an error.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unavailable: Vec<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     load: Option<&'a LoadReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,7 +137,11 @@ fn registry_table() -> String {
         b.lock_status
     );
     for m in registry::modules() {
-        let _ = writeln!(out, "  {} [{}]:", m.name, m.entries.join(", "));
+        let kind = match m.kind {
+            registry::ModuleKind::Cuda => "",
+            registry::ModuleKind::Triton => " (triton)",
+        };
+        let _ = writeln!(out, "  {} [{}]{kind}:", m.name, m.entries.join(", "));
         for t in b.toolchains {
             let mine: Vec<_> = m.images.iter().filter(|i| i.toolchain == t.cuda).collect();
             if mine.is_empty() {
@@ -204,18 +219,38 @@ fn kernels(args: KernelsArgs) -> ExitCode {
 
     let plan = dispatch::plan(device, policy, args.simulate.is_some(), &modules);
     let mut error = plan.has_errors().then(|| {
-        match dispatch::oldest_driver_for_all(device, policy, &modules) {
-            Some(needed) if needed > device.driver => format!(
-                "the driver (CUDA {}) is too old for these kernels: the oldest driver that runs every module here supports CUDA {needed}. Update the NVIDIA driver (CUDA 12.x: r525 or later; CUDA 13.x: r580 or later)",
-                device.driver
-            ),
+        match dispatch::oldest_driver_for_plan(device, policy, &modules) {
+            Some(needed) if needed > device.driver => {
+                let all = dispatch::oldest_driver_for_all(device, policy, &modules)
+                    .filter(|&v| v > needed)
+                    .map(|v| format!(" (CUDA {v} for every module, those built with CUDA 13 only included)"))
+                    .unwrap_or_default();
+                format!(
+                    "the driver (CUDA {}) is too old for these kernels: the oldest driver that runs them here supports CUDA {needed}{all}. Update the NVIDIA driver (CUDA 12.x: r525 or later; CUDA 13.x: r580 or later)",
+                    device.driver
+                )
+            }
             _ => "a module has no usable image on this device; see the plan".to_string(),
         }
     });
+    let unavailable: Vec<&str> = plan.unavailable().map(|m| m.module.as_str()).collect();
+    let note = (!unavailable.is_empty() && error.is_none()).then(|| {
+        format!(
+            "{} module(s) unavailable on this device: {}. They are built with fewer toolchains than the others (the Triton modules: CUDA 13 only), and none of theirs can serve this driver or toolchain choice (the plan says what each needs); the Qwen3 engine does not use them. Every other module has an image.",
+            unavailable.len(),
+            unavailable.join(", ")
+        )
+    });
 
-    // On a real device, load what the plan chose so the driver's own view is reported.
+    // On a real device, load what the plan chose so the driver's own view is reported (the
+    // modules unavailable here aside).
+    let servable: Vec<ModuleSource> = modules
+        .iter()
+        .filter(|m| plan.choice(&m.name).is_some())
+        .cloned()
+        .collect();
     let loaded = match (&opened, error.is_none()) {
-        (Some(d), true) => match dispatch::load_modules(d, 0, policy, &modules) {
+        (Some(d), true) => match dispatch::load_modules(d, 0, policy, &servable) {
             Ok(k) => Some(k),
             Err(e) => {
                 error = Some(e.to_string());
@@ -232,6 +267,7 @@ fn kernels(args: KernelsArgs) -> ExitCode {
             registry_bytes: registry::embedded_bytes(),
             toolchain_choice: choice,
             plan: &plan,
+            unavailable,
             load,
             error: error.clone(),
         };
@@ -249,6 +285,9 @@ fn kernels(args: KernelsArgs) -> ExitCode {
         if let Some(r) = load {
             println!();
             print!("{}", r.to_table());
+        }
+        if let Some(n) = &note {
+            eprintln!("\nnote: {n}");
         }
         if let Some(e) = &error {
             eprintln!("\nerror: {e}");

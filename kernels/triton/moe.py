@@ -1,0 +1,247 @@
+"""Mixture-of-experts kernels for the MoE block of Qwen3.5 / Qwen3.6-35B-A3B, in Triton, for
+decode batches of 1..MAX_TOKENS tokens.
+
+Compiled ahead of time (scripts/triton-gen.sh); see gated_delta_net.py.
+
+Math and rounding follow transformers' Qwen3_5MoeSparseMoeBlock in bf16: router logits
+bf16(x W_r^T); p = softmax(logits) in fp32; the top 8 divided by their sum, stored as bf16; each
+chosen expert computes bf16(down(bf16(bf16(silu(bf16(gate))) * bf16(up)))); its output times its
+weight is rounded to bf16 and added to the token's sum in bf16, in ascending expert order (as
+transformers' index_add_ loop does); the shared expert's output times bf16(sigmoid(bf16(x w_g)))
+is added last.
+
+Four launches: router logits (all experts and the shared gate, all tokens) -> routing (top 8,
+weights, and the sorted list of distinct experts the batch chose) -> gate/up of the chosen experts
+and the shared expert -> down projections and the combination. Each chosen expert's weights are
+read once per launch, whichever tokens chose it; unchosen experts' weights are never read.
+
+Layouts:
+  x            [tokens, H] bf16
+  router_w     [E, H] bf16            gate.weight
+  shared_gate_w[H] bf16               shared_expert_gate.weight
+  logits       [tokens, E + 1] bf16   column E is the shared gate's logit
+  topk_ids     [tokens, TOPK] i32, topk_w [tokens, TOPK] bf16 (descending probability)
+  experts      [MAX_TOKENS * TOPK] i32: distinct chosen experts, ascending; n_experts [1] i32
+  w13          [E, 2 I, H] bf16       experts.gate_up_proj (gate rows first)
+  shared_w13   [2 I, H] bf16          shared_expert gate_proj rows then up_proj rows
+  h            [tokens * TOPK + tokens, I] bf16: row t * TOPK + k for token t's k-th expert,
+               row tokens * TOPK + t for its shared expert
+  w2           [E, H, I] bf16         experts.down_proj
+  shared_w2    [H, I] bf16            shared_expert.down_proj
+  out          [tokens, H] bf16
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def moe_router_logits(
+    x_ptr, router_w_ptr, shared_gate_w_ptr, logits_ptr, n_tokens,
+    H: tl.constexpr, E: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """logits[t, e] = bf16(x[t] . router_w[e]) for e < E, and the shared gate's logit at e = E."""
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    t = tl.arange(0, MAX_TOKENS)
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_E, MAX_TOKENS], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k = k0 + kk
+        w = tl.load(router_w_ptr + e[:, None] * H + k[None, :], mask=(e < E)[:, None], other=0.0)
+        w += tl.load(shared_gate_w_ptr + (e * 0)[:, None] + k[None, :], mask=(e == E)[:, None], other=0.0)
+        x = tl.load(x_ptr + t[:, None] * H + k[None, :], mask=(t < n_tokens)[:, None], other=0.0)
+        acc += tl.dot(w, tl.trans(x))
+    tl.store(logits_ptr + t[None, :] * (E + 1) + e[:, None], acc.to(tl.bfloat16),
+             mask=(e <= E)[:, None] & (t < n_tokens)[None, :])
+
+
+@triton.jit
+def moe_route(
+    logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, n_tokens,
+    E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
+):
+    """Top TOPK of softmax(logits) per token, renormalised; and the distinct experts, sorted.
+
+    One program for the whole batch. Ties between equal logits go to the lower expert index.
+    The softmax denominator cancels in the renormalisation, so weights are exp(l - max) over
+    the sum of the chosen ones.
+    """
+    t = tl.arange(0, MAX_TOKENS)
+    col = tl.arange(0, E)
+    live = t < n_tokens
+    logits = tl.load(logits_ptr + t[:, None] * (E + 1) + col[None, :], mask=live[:, None],
+                     other=0.0).to(tl.float32)
+    top = tl.max(logits, axis=1)
+    p = tl.exp(logits - top[:, None])
+    remaining = p
+    chosen = tl.zeros([MAX_TOKENS, E], dtype=tl.int32)
+    total = tl.zeros([MAX_TOKENS], dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        best = tl.max(remaining, axis=1)
+        idx = tl.min(tl.where(remaining == best[:, None], col[None, :], E), axis=1)
+        hit = col[None, :] == idx[:, None]
+        chosen = tl.where(hit, 1, chosen)
+        remaining = tl.where(hit, -1.0, remaining)
+        total += best
+        tl.store(topk_ids_ptr + t * TOPK + k, idx, mask=live)
+    # Second pass for the weights, now that the sum of the chosen is known.
+    remaining = p
+    for k in tl.static_range(TOPK):
+        best = tl.max(remaining, axis=1)
+        idx = tl.min(tl.where(remaining == best[:, None], col[None, :], E), axis=1)
+        remaining = tl.where(col[None, :] == idx[:, None], -1.0, remaining)
+        tl.store(topk_w_ptr + t * TOPK + k, (best / total).to(tl.bfloat16), mask=live)
+
+    present = tl.max(tl.where(live[:, None], chosen, 0), axis=0)
+    position = tl.cumsum(present, axis=0) - 1
+    tl.store(experts_ptr + position, col, mask=present != 0)
+    tl.store(n_experts_ptr, tl.sum(present, axis=0))
+
+
+@triton.jit
+def _tokens_choosing(topk_ids_ptr, expert, n_tokens, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr):
+    """For one expert: which tokens chose it, and at which of their TOPK positions."""
+    t = tl.arange(0, MAX_TOKENS)
+    kc = tl.arange(0, TOPK)
+    ids = tl.load(topk_ids_ptr + t[:, None] * TOPK + kc[None, :], mask=(t < n_tokens)[:, None], other=-1)
+    match = ids == expert
+    chose = tl.max(match.to(tl.int32), axis=1) != 0
+    kpos = tl.sum(tl.where(match, kc[None, :], 0), axis=1)
+    return chose, kpos
+
+
+@triton.jit
+def moe_gate_up(
+    x_ptr, w13_ptr, shared_w13_ptr, topk_ids_ptr, experts_ptr, n_experts_ptr, h_ptr, n_tokens,
+    H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """h = bf16(bf16(silu(bf16(x Wg^T))) * bf16(x Wu^T)) for every chosen (token, expert) pair.
+
+    Grid: (slots, I / BLOCK_N). Slot s < n_experts is the s-th distinct chosen expert, serving
+    every token that chose it; the last slot is the shared expert for all tokens; other slots
+    do nothing.
+    """
+    s = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.arange(0, MAX_TOKENS)
+    kk = tl.arange(0, BLOCK_K)
+    is_shared = s == tl.num_programs(0) - 1
+    count = tl.load(n_experts_ptr)
+    active = is_shared | (s < count)
+    expert = tl.load(experts_ptr + s, mask=active & (s < count), other=0)
+    chose, kpos = _tokens_choosing(topk_ids_ptr, expert, n_tokens, TOPK, MAX_TOKENS)
+    live = t < n_tokens
+    chose = tl.where(is_shared, live, chose & live)
+    out_row = tl.where(is_shared, n_tokens * TOPK + t, t * TOPK + kpos)
+    if is_shared:
+        w_base = shared_w13_ptr
+    else:
+        w_base = w13_ptr + expert.to(tl.int64) * (2 * I * H)
+
+    acc_g = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
+    k_end = tl.where(active, H, 0)
+    for k0 in range(0, k_end, BLOCK_K):
+        k = k0 + kk
+        x = tl.load(x_ptr + t[:, None] * H + k[None, :], mask=chose[:, None], other=0.0)
+        wg = tl.load(w_base + n[:, None] * H + k[None, :])
+        wu = tl.load(w_base + (I + n)[:, None] * H + k[None, :])
+        acc_g += tl.dot(wg, tl.trans(x))
+        acc_u += tl.dot(wu, tl.trans(x))
+    gate = acc_g.to(tl.bfloat16).to(tl.float32)
+    up = acc_u.to(tl.bfloat16).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(tl.bfloat16).to(tl.float32)
+    h = (act * up).to(tl.bfloat16)
+    tl.store(h_ptr + out_row[None, :] * I + n[:, None], h, mask=(chose & active)[None, :])
+
+
+@triton.jit
+def moe_down_combine(
+    h_ptr, w2_ptr, shared_w2_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, logits_ptr,
+    out_ptr, n_tokens,
+    H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out = sum over chosen experts, ascending, in bf16 of bf16(bf16(down h) * w), plus the gated
+    shared expert. One program per BLOCK_N output features walks the distinct experts in order,
+    so each expert's down weights are read once and the sum is deterministic."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.arange(0, MAX_TOKENS)
+    kk = tl.arange(0, BLOCK_K)
+    kc = tl.arange(0, TOPK)
+    live = t < n_tokens
+    count = tl.load(n_experts_ptr)
+    out = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
+    for s in range(0, count):
+        expert = tl.load(experts_ptr + s)
+        chose, kpos = _tokens_choosing(topk_ids_ptr, expert, n_tokens, TOPK, MAX_TOKENS)
+        chose = chose & live
+        weight = tl.load(topk_w_ptr + t * TOPK + kpos, mask=chose, other=0.0).to(tl.float32)
+        w_base = w2_ptr + expert.to(tl.int64) * (H * I)
+        acc = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            k = k0 + kk
+            h = tl.load(h_ptr + (t * TOPK + kpos)[:, None] * I + k[None, :], mask=chose[:, None], other=0.0)
+            w = tl.load(w_base + n[:, None] * I + k[None, :])
+            acc += tl.dot(w, tl.trans(h))
+        down = acc.to(tl.bfloat16).to(tl.float32)
+        contrib = (down * weight[None, :]).to(tl.bfloat16).to(tl.float32)
+        out = tl.where(chose[None, :], (out + contrib).to(tl.bfloat16).to(tl.float32), out)
+
+    acc = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        k = k0 + kk
+        h = tl.load(h_ptr + (n_tokens * TOPK + t)[:, None] * I + k[None, :], mask=live[:, None], other=0.0)
+        w = tl.load(shared_w2_ptr + n[:, None] * I + k[None, :])
+        acc += tl.dot(w, tl.trans(h))
+    shared = acc.to(tl.bfloat16).to(tl.float32)
+    logit = tl.load(logits_ptr + t * (E + 1) + E, mask=live, other=0.0).to(tl.float32)
+    gate = (1.0 / (1.0 + tl.exp(-logit))).to(tl.bfloat16).to(tl.float32)
+    shared = (shared * gate[None, :]).to(tl.bfloat16).to(tl.float32)
+    tl.store(out_ptr + t[None, :] * H + n[:, None], (out + shared).to(tl.bfloat16), mask=live[None, :])
+
+
+# Qwen3.5 / Qwen3.6-35B-A3B MoE shapes; up to 16 tokens (the smallest tl.dot width).
+QWEN35_A3B = dict(H=2048, E=256, TOPK=8, I=512, MAX_TOKENS=16)
+_ptr = "*bf16"
+
+SPECS = [
+    dict(
+        module="moe_router",
+        kernel=moe_router_logits,
+        signature={"x_ptr": _ptr, "router_w_ptr": _ptr, "shared_gate_w_ptr": _ptr, "logits_ptr": _ptr,
+                   "n_tokens": "i32"},
+        constexprs=dict(H=2048, E=256, MAX_TOKENS=16, BLOCK_E=16, BLOCK_K=256),
+        num_warps=4,
+        num_stages=3,
+    ),
+    dict(
+        module="moe_route",
+        kernel=moe_route,
+        signature={"logits_ptr": _ptr, "topk_ids_ptr": "*i32", "topk_w_ptr": _ptr, "experts_ptr": "*i32",
+                   "n_experts_ptr": "*i32", "n_tokens": "i32"},
+        constexprs=dict(E=256, TOPK=8, MAX_TOKENS=16),
+        num_warps=4,
+        num_stages=1,
+    ),
+    dict(
+        module="moe_gate_up",
+        kernel=moe_gate_up,
+        signature={"x_ptr": _ptr, "w13_ptr": _ptr, "shared_w13_ptr": _ptr, "topk_ids_ptr": "*i32",
+                   "experts_ptr": "*i32", "n_experts_ptr": "*i32", "h_ptr": _ptr, "n_tokens": "i32"},
+        constexprs=dict(H=2048, I=512, TOPK=8, MAX_TOKENS=16, BLOCK_N=32, BLOCK_K=128),
+        num_warps=4,
+        num_stages=3,
+    ),
+    dict(
+        module="moe_down",
+        kernel=moe_down_combine,
+        signature={"h_ptr": _ptr, "w2_ptr": _ptr, "shared_w2_ptr": _ptr, "topk_ids_ptr": "*i32",
+                   "topk_w_ptr": _ptr, "experts_ptr": "*i32", "n_experts_ptr": "*i32", "logits_ptr": _ptr,
+                   "out_ptr": _ptr, "n_tokens": "i32"},
+        constexprs=dict(H=2048, I=512, E=256, TOPK=8, MAX_TOKENS=16, BLOCK_N=16, BLOCK_K=128),
+        num_warps=4,
+        num_stages=3,
+    ),
+]
