@@ -57,7 +57,10 @@ impl Engine {
         let limits = SchedulerLimits {
             slots: runner.max_slots(),
             kv_blocks: runner.kv_blocks(),
-            max_context: options.max_context.min(config.max_position_embeddings),
+            max_context: options
+                .max_context
+                .min(config.max_position_embeddings)
+                .min(runner.max_context()),
             vocab: config.vocab_size,
             prefill_chunk: options.prefill_chunk.max(1),
             block_bytes: block_bytes(config),

@@ -94,6 +94,11 @@ pub trait Runner {
     fn kv_blocks(&self) -> usize;
     /// Most sequences one step may carry (the request slots).
     fn max_slots(&self) -> usize;
+    /// Longest sequence (prompt + generated) this runner can hold: its position tables and
+    /// block tables are sized for it. The engine admits no request past it.
+    fn max_context(&self) -> usize {
+        usize::MAX
+    }
     /// Runs one step: appends every sequence's tokens to its cache and samples where asked.
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError>;
     /// A JSON description for reports: device, dispatch report, graph use, timings.

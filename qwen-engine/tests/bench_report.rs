@@ -1,4 +1,4 @@
-//! The bench's evidence bundle without a GPU: the stored sample (made-up numbers, marked
+//! The bench's evidence bundle without a GPU: the stored sample (a real H200 bundle kept as a fixture, marked
 //! `"sample": true`) validates; its table, chart and peer columns say what its numbers say; a
 //! bundle is written once; broken bundles are refused naming the cell and field; and
 //! `qwen-decode bench-report` exits accordingly.
@@ -86,14 +86,17 @@ fn a_bundle_round_trips_through_json_with_the_peers_extra_fields() {
     assert_eq!(again, r);
     let peers = r.peers.as_ref().unwrap();
     assert_eq!(peers.extra["attn_implementation"], "sdpa");
-    assert_eq!(peers.cells[0].extra["new_tokens"], 128);
+    assert_eq!(peers.cells[0].extra["new_tokens"], 64);
 }
 
 #[test]
 fn the_markdown_table_has_one_row_per_cell_with_its_numbers() {
     let r = sample();
     let table = r.markdown_table();
-    assert!(table.starts_with("SAMPLE (made-up numbers)"), "{table}");
+    assert!(
+        table.starts_with("SAMPLE (a test fixture, not a run to cite)"),
+        "{table}"
+    );
     let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| i")).collect();
     assert_eq!(rows.len(), r.cells.len(), "{table}");
     for c in &r.cells {
@@ -189,7 +192,11 @@ fn the_chart_is_well_formed_svg_with_one_bar_and_one_limit_mark_per_cell() {
     let groups = 6;
     assert_eq!(rects(&doc, &svg_color(PEER_EAGER)).len(), groups + 1);
     assert_eq!(rects(&doc, &svg_color(PEER_STATIC)).len(), groups + 1);
-    for label in ["i16 c1", "i1024 c8", "SAMPLE (made-up numbers)"] {
+    for label in [
+        "i16 c1",
+        "i1024 c8",
+        "SAMPLE (a test fixture, not a run to cite)",
+    ] {
         assert!(svg.contains(label), "the chart lacks `{label}`");
     }
 }
@@ -273,7 +280,7 @@ fn a_bundle_is_written_once_and_never_rewritten() {
     let results = tmp.path().join("bench").join("results");
     let r = sample();
     let dir = r.write_bundle(&results).unwrap();
-    assert_eq!(dir, results.join("20261130T120000Z-nvidia-h200-qwen3-4b"));
+    assert_eq!(dir, results.join("20261130T113029Z-nvidia-h200-qwen3-4b"));
     let json = std::fs::read_to_string(dir.join(BUNDLE_JSON)).unwrap();
     assert_eq!(BenchReport::from_json(&json, "written").unwrap(), r);
     let chart = std::fs::read_to_string(dir.join(BUNDLE_CHART)).unwrap();
@@ -284,7 +291,7 @@ fn a_bundle_is_written_once_and_never_rewritten() {
     changed.notes = Some("a rewrite".into());
     match changed.write_bundle(&results) {
         Err(ReportError::Exists { path }) => assert!(
-            path.ends_with("20261130T120000Z-nvidia-h200-qwen3-4b"),
+            path.ends_with("20261130T113029Z-nvidia-h200-qwen3-4b"),
             "{path}"
         ),
         other => panic!("expected Exists, got {other:?}"),
@@ -525,7 +532,9 @@ fn bench_report_validates_renders_and_exits_by_what_it_found() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
-        stdout.contains("valid aot-kernels-bench/1 bundle (a SAMPLE: made-up numbers)"),
+        stdout.contains(
+            "valid aot-kernels-bench/1 bundle (a SAMPLE: a test fixture, not a run to cite)"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains(&sample().markdown_table()), "{stdout}");
@@ -572,7 +581,7 @@ fn bench_report_validates_renders_and_exits_by_what_it_found() {
     let out = qwen_decode(&["bench-report", peers.to_str().unwrap(), "--markdown"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("valid peers (12 cells)"));
-    assert!(text(&out.stdout).contains("| i1024 c8 | static-compiled | 876.2 |"));
+    assert!(text(&out.stdout).contains("| i1024 c8 | static-compiled | 1095.4 |"));
     assert!(!text(&out.stdout).contains("INCOMPLETE"));
     // One the script cut short says so.
     let mut partial = sample_value()["peers"].clone();
@@ -602,4 +611,27 @@ fn bench_report_validates_renders_and_exits_by_what_it_found() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn every_committed_bundle_validates_and_is_a_measurement() {
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/results");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&results).expect("bench/results holds the cited H200 bundles") {
+        let json = entry.unwrap().path().join(BUNDLE_JSON);
+        if !json.exists() {
+            continue;
+        }
+        let r = BenchReport::read(&json).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+        r.validate()
+            .unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+        assert!(
+            !r.sample,
+            "{}: a sample under bench/results",
+            json.display()
+        );
+        assert!(r.correctness_failures().is_empty(), "{}", json.display());
+        n += 1;
+    }
+    assert!(n > 0, "no bundle under {}", results.display());
 }

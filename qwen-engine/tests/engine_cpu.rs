@@ -272,3 +272,67 @@ fn run_command_decodes_the_tiny_model_on_the_cpu() {
     assert_eq!(usage.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&usage.stderr).contains("--prompt"));
 }
+
+/// A runner whose tables hold fewer positions than the model allows (as the GPU runner's do
+/// under `--max-context`): the CPU runner with a lower `max_context`.
+struct ShortRunner(CpuRunner, usize);
+
+impl qwen_engine::runner::Runner for ShortRunner {
+    fn device(&self) -> qwen_engine::runner::DeviceKind {
+        self.0.device()
+    }
+    fn kv_blocks(&self) -> usize {
+        self.0.kv_blocks()
+    }
+    fn max_slots(&self) -> usize {
+        self.0.max_slots()
+    }
+    fn max_context(&self) -> usize {
+        self.1
+    }
+    fn step(
+        &mut self,
+        plan: &qwen_engine::runner::StepPlan<'_>,
+    ) -> Result<qwen_engine::runner::StepOutput, qwen_engine::runner::RunnerError> {
+        self.0.step(plan)
+    }
+    fn report(&self) -> serde_json::Value {
+        self.0.report()
+    }
+}
+
+#[test]
+fn a_request_longer_than_the_runner_holds_is_refused_and_the_others_go_on() {
+    let config = Qwen3Config::tiny();
+    let runner = CpuRunner::new(
+        &config,
+        &Weights::Synthetic { seed: 5 },
+        CpuRunnerOptions {
+            max_slots: 2,
+            kv_blocks: 64,
+        },
+    )
+    .unwrap();
+    // The model allows more than the runner: the runner's limit is the one that counts.
+    assert!(config.max_position_embeddings > 64);
+    let mut e = Engine::new(
+        Box::new(ShortRunner(runner, 64)),
+        &config,
+        EngineOptions::for_model(&config),
+    );
+    let want = solo(A, 8, SamplingParams::GREEDY, 0);
+    let a = e.submit(spec(A, 8, SamplingParams::GREEDY, 0)).unwrap();
+    match e.submit(spec(&[1; 60], 8, SamplingParams::GREEDY, 0)) {
+        Err(err @ SubmitError::TooLong { context: 64, .. }) => {
+            assert!(err.to_string().contains("exceeds the context"), "{err}")
+        }
+        other => panic!("expected TooLong at 64 positions, got {other:?}"),
+    }
+    // 57 positions fit.
+    let b = e
+        .submit(spec(&[1; 50], 8, SamplingParams::GREEDY, 0))
+        .unwrap();
+    let out = drain(&mut e);
+    assert_eq!(out[&a], want);
+    assert_eq!(out[&b].len(), 8);
+}

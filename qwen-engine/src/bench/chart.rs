@@ -166,7 +166,7 @@ fn draw(
     let title = format!(
         "{}{} decode on {}: tok/s per cell against the {:.0} GB/s read limit and transformers",
         if r.sample {
-            "SAMPLE (made-up numbers): "
+            "SAMPLE (a test fixture, not a run to cite): "
         } else {
             ""
         },

@@ -46,7 +46,7 @@ pub const PEER_IMPLEMENTATIONS: [&str; 2] = ["eager", "static-compiled"];
 pub struct BenchReport {
     /// Always [`SCHEMA`].
     pub schema: String,
-    /// A stored sample with made-up numbers (tests, docs): never a measurement to cite.
+    /// A stored sample (tests, docs): a fixture, never a measurement to cite.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sample: bool,
     /// When the run started, UTC, RFC 3339 (`2026-11-30T09:40:47Z`).
@@ -562,7 +562,7 @@ impl BenchReport {
             out,
             "{}{} on {} (CUDA {} driver), streaming read {:.0} GB/s; {} new tokens per cell{}",
             if self.sample {
-                "SAMPLE (made-up numbers): "
+                "SAMPLE (a test fixture, not a run to cite): "
             } else {
                 ""
             },

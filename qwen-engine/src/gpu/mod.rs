@@ -604,6 +604,10 @@ impl Runner for GpuRunner {
         self.slots
     }
 
+    fn max_context(&self) -> usize {
+        self.max_pos
+    }
+
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;

@@ -49,7 +49,7 @@ pub fn bench_report(args: BenchReportArgs) -> ExitCode {
     println!(
         "{what}: valid {} bundle{}: {} on {} (capability {}, CUDA {} driver), {} cells, streaming read {:.0} GB/s, peers {}",
         report.schema,
-        if report.sample { " (a SAMPLE: made-up numbers)" } else { "" },
+        if report.sample { " (a SAMPLE: a test fixture, not a run to cite)" } else { "" },
         report.model.name,
         report.device.name,
         report.device.capability,
