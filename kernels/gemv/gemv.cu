@@ -245,7 +245,9 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     float(*tl)[kTileRows] = s.tile[warp];
 
     if (!kNarrow) {
-        for (int tile = blockIdx.x * kWarps + warp; tile < tiles; tile += gridDim.x * kWarps) {
+        // Consecutive tiles go to consecutive blocks (tile = warp * blocks + block, then a stride of
+        // every warp of the grid): each block, and so each SM, gets an even share of the tiles.
+        for (int tile = warp * gridDim.x + blockIdx.x; tile < tiles; tile += gridDim.x * kWarps) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int vrow = tile * kTileRows + g;
             stream_chunks<kNormX>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, 0, chunks, acc);
