@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
-use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
     attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
 };
@@ -61,6 +61,9 @@ pub struct GpuOptions {
     pub graphs: bool,
     /// Longest sequence served (sizes the RoPE table and the block tables).
     pub max_context: usize,
+    /// Which toolchains' images the dispatcher may pick (`cuda12`: what a 12.x driver gets, to
+    /// test those images on a 13.x driver).
+    pub toolchain: ToolchainChoice,
 }
 
 /// Counters for the report.
@@ -154,7 +157,10 @@ impl GpuRunner {
                     &d,
                     0,
                     options.policy,
-                    &ModuleSource::registry_of_kind(ModuleKind::Cuda),
+                    &ModuleSource::registry_of_kind(ModuleKind::Cuda)
+                        .into_iter()
+                        .map(|m| m.with_toolchains(options.toolchain))
+                        .collect::<Vec<_>>(),
                 )
             })
             .map_err(|e| RunnerError::Device(e.to_string()))?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use aot_kernels::device::{timing_event, CudaContext, CudaStream};
-use aot_kernels::dispatch::Policy;
+use aot_kernels::dispatch::{Policy, ToolchainChoice};
 use aot_kernels::ops::bench::{stream_read, stream_read_blocks};
 use aot_kernels::ops::random::random_bits;
 use aot_kernels::ops::sampling::SamplingParams;
@@ -364,6 +364,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             graphs: !args.no_graphs,
             max_context: (max_input + args.warmup + args.primer + args.new_tokens + 64)
                 .next_power_of_two(),
+            toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
         };
         let setup = Instant::now();
         let runner =

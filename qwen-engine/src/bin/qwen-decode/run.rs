@@ -4,7 +4,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use aot_kernels::dispatch::{self, Policy};
+use aot_kernels::dispatch::{self, Policy, ToolchainChoice};
 use aot_kernels::ops::sampling::SamplingParams;
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -183,6 +183,7 @@ fn build_runner(
                 max_context: args
                     .max_context
                     .unwrap_or(src.config.max_position_embeddings.min(32_768)),
+                toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
             };
             let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
