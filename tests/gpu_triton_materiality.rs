@@ -1,7 +1,8 @@
 //! Is exact SASS material for the Triton kernels? On the GPU: every Triton module's cold JIT time
 //! (its sm_80 PTX compiled by the driver with the JIT cache disabled), and each op's time with
 //! every module as exact SASS, as PTX JIT, and with one module at a time as PTX JIT (the others
-//! SASS), so the difference is that kernel's. A benchmark, not a check: it asserts only that
+//! SASS), each timed in alternation with the all-SASS set so that a drift of the GPU over the run
+//! does not pass for a kernel's cost. A benchmark, not a check: it asserts only that
 //! everything ran on the intended images. Results print as a table and go to
 //! `$AOT_TRITON_MATERIALITY` (default `results/triton-materiality.json` where `results/` exists, as in
 //! the GPU bundle, else `triton-materiality.json`).
@@ -18,7 +19,10 @@ use half::bf16;
 use rand::Rng;
 use triton_common::*;
 
-const REPS: usize = 50;
+const REPS: usize = 20;
+/// Two kernel sets are timed in alternation, this many rounds each: a drift of the GPU's state over
+/// the run (clocks, temperature) then moves both alike instead of looking like one set's cost.
+const ROUNDS: usize = 5;
 
 /// Median over repeats of the per-call time of `op` in microseconds (CUDA events around 10 calls).
 fn time_us(k: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
@@ -43,6 +47,28 @@ fn time_us(k: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
+}
+
+/// Times `a` and `b` in alternation, [`ROUNDS`] rounds of [`time_ops`] each: per op its name and
+/// the median over rounds of each set's time.
+fn time_paired(a: &LoadedKernels, b: &LoadedKernels, ops: &Ops) -> Vec<(String, f64, f64)> {
+    let mut rounds: Vec<(Vec<(String, f64)>, Vec<(String, f64)>)> = Vec::new();
+    for _ in 0..ROUNDS {
+        rounds.push((time_ops(a, ops), time_ops(b, ops)));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (0..rounds[0].0.len())
+        .map(|i| {
+            (
+                rounds[0].0[i].0.clone(),
+                median(rounds.iter().map(|r| r.0[i].1).collect()),
+                median(rounds.iter().map(|r| r.1[i].1).collect()),
+            )
+        })
+        .collect()
 }
 
 struct Ops {
@@ -169,21 +195,20 @@ fn gpu_triton_sass_versus_ptx_jit() {
     }
     report.insert("loads".into(), loads.into());
 
-    let all_sass = time_ops(&sass, &ops);
-    let all_ptx = time_ops(&ptx, &ops);
-    eprintln!("\nper call (median of {REPS} x 10 calls, CUDA events):");
+    let paired = time_paired(&sass, &ptx, &ops);
+    eprintln!("\nper call (CUDA events around 10 calls, median of {REPS}; SASS and PTX sets timed in alternation, median of {ROUNDS} rounds):");
     eprintln!(
         "{:<28} {:>10} {:>10} {:>8}",
         "op", "SASS us", "PTX us", "PTX/SASS"
     );
     let mut times = Vec::new();
-    for ((name, s), (_, p)) in all_sass.iter().zip(&all_ptx) {
+    for (name, s, p) in &paired {
         eprintln!("{name:<28} {s:>10.1} {p:>10.1} {:>8.2}", p / s);
         times.push(serde_json::json!({"op": name, "sass_us": s, "ptx_us": p}));
     }
     report.insert("ops".into(), times.into());
 
-    eprintln!("\none module at a time as PTX JIT, the rest SASS (the op's time; the difference is that kernel's):");
+    eprintln!("\none module at a time as PTX JIT, the rest SASS, timed in alternation with all SASS (the difference is that kernel's):");
     let mut per_module = Vec::new();
     for m in &triton {
         let modules: Vec<ModuleSource> = registry
@@ -206,7 +231,8 @@ fn gpu_triton_sass_versus_ptx_jit() {
                 .unwrap()
                 .jit
         );
-        for ((name, t), (_, s)) in time_ops(&k, &ops).iter().zip(&all_sass) {
+        for (name, s, t) in time_paired(&sass, &k, &ops) {
+            let (s, t) = (&s, &t);
             if (t - s).abs() / s > 0.03 {
                 eprintln!(
                     "  {m:<16} {name:<28} {s:>8.1} -> {t:>8.1} us ({:+.1}%)",
