@@ -52,7 +52,8 @@ fn time_us(k: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
 /// Times `a` and `b` in alternation, [`ROUNDS`] rounds of [`time_ops`] each: per op its name and
 /// the median over rounds of each set's time.
 fn time_paired(a: &LoadedKernels, b: &LoadedKernels, ops: &Ops) -> Vec<(String, f64, f64)> {
-    let mut rounds: Vec<(Vec<(String, f64)>, Vec<(String, f64)>)> = Vec::new();
+    type Times = Vec<(String, f64)>;
+    let mut rounds: Vec<(Times, Times)> = Vec::new();
     for _ in 0..ROUNDS {
         rounds.push((time_ops(a, ops), time_ops(b, ops)));
     }
