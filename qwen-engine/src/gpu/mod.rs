@@ -23,9 +23,10 @@ pub mod prefill;
 pub mod weights;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
-use aot_kernels::device::{self, CudaGraph, CudaSlice, DriverError};
+use aot_kernels::device::{self, CudaGraph, CudaSlice, CudaStream, DriverError};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
     attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
@@ -107,6 +108,64 @@ struct PassBuffers {
     attn_ml: CudaSlice<f32>,
     attn_o: CudaSlice<f32>,
     attn_counters: CudaSlice<u32>,
+}
+
+impl PassBuffers {
+    /// Copies each row's sampling request into the first rows of the sampling buffers.
+    fn upload_sampling(
+        &mut self,
+        s: &Arc<CudaStream>,
+        requests: &[SampleRequest],
+    ) -> Result<(), RunnerError> {
+        let m = requests.len();
+        let copy = |r: Result<(), DriverError>| r.map_err(dev_err("sampling parameters"));
+        copy(
+            s.memcpy_htod(
+                &requests
+                    .iter()
+                    .map(|q| q.params.temperature)
+                    .collect::<Vec<_>>(),
+                &mut self.temperature.slice_mut(0..m),
+            ),
+        )?;
+        copy(s.memcpy_htod(
+            &requests.iter().map(|q| q.params.top_k).collect::<Vec<_>>(),
+            &mut self.top_k.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &requests.iter().map(|q| q.params.top_p).collect::<Vec<_>>(),
+            &mut self.top_p.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &requests.iter().map(|q| q.seed).collect::<Vec<_>>(),
+            &mut self.seed.slice_mut(0..m),
+        ))?;
+        copy(s.memcpy_htod(
+            &requests.iter().map(|q| q.counter).collect::<Vec<_>>(),
+            &mut self.counter.slice_mut(0..m),
+        ))
+    }
+
+    /// Samples one token per row into `sampled` from the first `rows` rows of `logits`.
+    fn sample(&mut self, k: &LoadedKernels, rows: usize, vocab: usize) -> Result<(), OpsError> {
+        sample_tokens(
+            k,
+            &mut self.sampled,
+            &self.logits,
+            &LogitsShape {
+                rows,
+                vocab,
+                row_stride: vocab,
+            },
+            &DeviceSamplingParams {
+                temperature: &self.temperature,
+                top_k: &self.top_k,
+                top_p: &self.top_p,
+                seed: &self.seed,
+                counter: &self.counter,
+            },
+        )
+    }
 }
 
 pub struct GpuRunner {
@@ -451,23 +510,7 @@ impl GpuRunner {
                 ld_out: v,
             },
         )?;
-        sample_tokens(
-            k,
-            &mut b.sampled,
-            &b.logits,
-            &LogitsShape {
-                rows: m,
-                vocab: v,
-                row_stride: v,
-            },
-            &DeviceSamplingParams {
-                temperature: &b.temperature,
-                top_k: &b.top_k,
-                top_p: &b.top_p,
-                seed: &b.seed,
-                counter: &b.counter,
-            },
-        )
+        b.sample(k, m, v)
     }
 
     /// Runs one pass over `rows` (1..=8): uploads the inputs, replays or launches, samples.
@@ -504,42 +547,17 @@ impl GpuRunner {
             "slots",
         )?;
         // Rows that sample nothing take the cheap greedy path; their token is ignored.
-        let params: Vec<SamplingParams> = rows
+        let requests: Vec<SampleRequest> = rows
             .iter()
-            .map(|r| r.sample.map_or(SamplingParams::GREEDY, |q| q.params))
+            .map(|r| {
+                r.sample.unwrap_or(SampleRequest {
+                    params: SamplingParams::GREEDY,
+                    seed: 0,
+                    counter: 0,
+                })
+            })
             .collect();
-        let b = &mut self.b;
-        let copy = |r: Result<(), DriverError>| r.map_err(dev_err("sampling parameters"));
-        copy(s.memcpy_htod(
-            &params.iter().map(|p| p.temperature).collect::<Vec<_>>(),
-            &mut b.temperature.slice_mut(0..m),
-        ))?;
-        copy(s.memcpy_htod(
-            &params.iter().map(|p| p.top_k).collect::<Vec<_>>(),
-            &mut b.top_k.slice_mut(0..m),
-        ))?;
-        copy(s.memcpy_htod(
-            &params.iter().map(|p| p.top_p).collect::<Vec<_>>(),
-            &mut b.top_p.slice_mut(0..m),
-        ))?;
-        copy(
-            s.memcpy_htod(
-                &rows
-                    .iter()
-                    .map(|r| r.sample.map_or(0, |q| q.seed))
-                    .collect::<Vec<_>>(),
-                &mut b.seed.slice_mut(0..m),
-            ),
-        )?;
-        copy(
-            s.memcpy_htod(
-                &rows
-                    .iter()
-                    .map(|r| r.sample.map_or(0, |q| q.counter))
-                    .collect::<Vec<_>>(),
-                &mut b.counter.slice_mut(0..m),
-            ),
-        )?;
+        self.b.upload_sampling(&s, &requests)?;
 
         self.stats.passes += 1;
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)]) {

@@ -22,7 +22,6 @@ use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
 use aot_kernels::ops::kv_cache::BlockTable;
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
-use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShape};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use half::bf16;
 
@@ -222,17 +221,7 @@ impl GpuRunner {
         let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let s = self.k.stream().clone();
         let b = &mut self.b;
-        let up = |r: Result<(), aot_kernels::device::DriverError>| {
-            r.map_err(dev_err("sampling parameters"))
-        };
-        up(s.memcpy_htod(
-            &[sample.params.temperature],
-            &mut b.temperature.slice_mut(0..1),
-        ))?;
-        up(s.memcpy_htod(&[sample.params.top_k], &mut b.top_k.slice_mut(0..1)))?;
-        up(s.memcpy_htod(&[sample.params.top_p], &mut b.top_p.slice_mut(0..1)))?;
-        up(s.memcpy_htod(&[sample.seed], &mut b.seed.slice_mut(0..1)))?;
-        up(s.memcpy_htod(&[sample.counter], &mut b.counter.slice_mut(0..1)))?;
+        b.upload_sampling(&s, &[sample])?;
         let k = &self.k;
         let x = dev(k, &self.pf.x).skip(row * h).map_err(ops_err)?;
         gemv(
@@ -248,24 +237,7 @@ impl GpuRunner {
             },
         )
         .map_err(ops_err)?;
-        sample_tokens(
-            k,
-            &mut b.sampled,
-            &b.logits,
-            &LogitsShape {
-                rows: 1,
-                vocab: v,
-                row_stride: v,
-            },
-            &DeviceSamplingParams {
-                temperature: &b.temperature,
-                top_k: &b.top_k,
-                top_p: &b.top_p,
-                seed: &b.seed,
-                counter: &b.counter,
-            },
-        )
-        .map_err(ops_err)?;
+        b.sample(k, 1, v).map_err(ops_err)?;
         let token = s
             .clone_dtoh(&b.sampled.slice(0..1))
             .map_err(dev_err("reading the sampled token"))?[0] as u32;
