@@ -589,6 +589,16 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
         (16, 2, 256, vec![5, 64, 65, 777, 2048, 3, 300, 1]),
         (4, 2, 64, vec![33, 1, 2000, 48, 16, 7, 130, 513]),
         (8, 8, 64, vec![600]),
+        // Every other entry (decode_entry): fixed groups 2, 4, 8 and the any-group kernel (group
+        // 3) at each head dimension, with one and several splits.
+        (16, 8, 128, vec![1, 130, 700]),
+        (16, 2, 128, vec![200, 17]),
+        (6, 2, 128, vec![300, 5]),
+        (8, 2, 64, vec![129, 40]),
+        (16, 2, 64, vec![257, 1]),
+        (4, 2, 256, vec![150, 64]),
+        (8, 2, 256, vec![400]),
+        (3, 1, 256, vec![90, 2]),
     ] {
         let pos: Vec<usize> = ctxs.iter().map(|c| c - 1).collect();
         let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, pos.clone());

@@ -7,11 +7,16 @@
 //   o[q] = sum_t softmax_t(q . k_t / sqrt(d)) v_t      over the sequence's positions 0..pos
 //
 // Grid (kv_heads, rows, max_splits); a block reads the K and V of one KV head once for all the
-// query heads that share it. A sequence's context is cut into `attn_splits(ctx)` ranges of whole
-// 16-token cache blocks (a function of its own length only, so a sequence's result never depends
-// on what else is in the batch); blocks past a sequence's split count return at once. Each split
-// keeps an online softmax (fp32, base 2) per query head; when a sequence has more than one split,
-// the last block to finish merges the partials in split order.
+// query heads that share it. Entries `_g2`, `_g4`, `_g8` are built for that many query heads per
+// KV head: the per-head loops then have fixed trip counts, which on the H200 took 35-40% off the
+// kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
+//
+// A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
+// function of its own length only, so a sequence's result never depends on what else is in the
+// batch); blocks past a sequence's split count return at once. A split's four warps take its cache
+// blocks in turn, each loading its next block while it scores the current one. Each split keeps an
+// online softmax (fp32, base 2) per query head; when a sequence has more than one split, the last
+// block to finish merges the partials in split order.
 //
 // Cache layout per layer: [blocks][kv_heads][16][d] bf16 for K and for V.
 #include "aot_common.cuh"
@@ -28,7 +33,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlockTokens = 16;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 32;
-constexpr int kTokensPerSplitMin = 64;
+// Fewer, longer splits: a split's warps stream their cache blocks two deep, while every extra
+// split costs the merge's round trips (64 measured slower at every context on the H200).
+constexpr int kTokensPerSplitMin = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Mirrored by `AttnDecodeParams` in src/ops/attention.rs (repr(C)).
@@ -133,7 +140,19 @@ __device__ __forceinline__ void unpack_v(const unsigned& v, float (&f)[2]) {
     f[0] = aot::bf16_lo(v); f[1] = aot::bf16_hi(v);
 }
 
-template <int D>
+// Four floats from shared memory as one 16-byte load the compiler cannot split or narrow: with
+// plain float4 loads here, NVVM (NVRTC 12.9, nvcc 13.0) narrowed some of them differently from run
+// to run in the fixed-group entries, and the lock holds only reproducible images.
+__device__ __forceinline__ float4 lds_f32x4(const float* p) {
+    float4 v;
+    asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+    return v;
+}
+
+// G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup.
+template <int D, int G>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQStride = D + 8;          // per head: [half 0 | pad 4 | half 1 | pad 4] in floats
@@ -150,11 +169,12 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int kvh = blockIdx.x;
     const int row = blockIdx.y;
     const int split = blockIdx.z;
-    const int group = p.q_heads / p.kv_heads;
+    const int group = G > 0 ? G : p.q_heads / p.kv_heads;
     const int pos = p.positions[row];
     const int ctx = pos + 1;
     const Splits sp = attn_splits(ctx);
-    if (sp.count > static_cast<int>(gridDim.z) || pos < 0 || pos >= p.max_pos || pos / kBlockTokens >= p.ld_bt) {
+    if (sp.count > static_cast<int>(gridDim.z) || pos < 0 || pos >= p.max_pos || pos / kBlockTokens >= p.ld_bt ||
+        (G > 0 && p.q_heads != G * p.kv_heads)) {
         __trap();
     }
     aot::pdl_launch_dependents();
@@ -174,10 +194,14 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     // the query's preparation (keys and values need nothing this kernel computes, except the
     // new token's, which is patched in below).
     const int b0 = t_begin / kBlockTokens + warp;
+    // Lane j holds the cache block of this warp's iteration j (blocks b0 + 4 j): one round trip
+    // for the whole table slice instead of one before every block.
+    const int lane_b = b0 + (threadIdx.x & 31) * kWarps;
+    const int lane_blk = lane_b * kBlockTokens < t_end ? table[lane_b] : -1;
     KvRegs<D> pre;
     int64_t pre_base = 0;
     if (kPrefetch && b0 * kBlockTokens < t_end) {
-        const int blk = table[b0];
+        const int blk = __shfl_sync(0xffffffffu, lane_blk, 0);
         if (blk < 0) __trap();
         pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
         load_kv<D>(p, pre_base, min(kBlockTokens, t_end - b0 * kBlockTokens), pre);
@@ -226,13 +250,23 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int tl = lane & 15;   // the token this lane scores
     const int part = lane >> 4; // which half of d it reads
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
-    for (int b = b0; b * kBlockTokens < t_end; b += kWarps) {
+    for (int b = b0, it = 0; b * kBlockTokens < t_end; b += kWarps, ++it) {
         const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
         KvRegs<D> cur;
         int64_t base;
-        if (kPrefetch && b == b0) {
+        if (kPrefetch) {
             cur = pre;
             base = pre_base;
+            // The warp's next cache block streams while this one is scored.
+            const int nb = b + kWarps;
+            if (nb * kBlockTokens < t_end) {
+                const int blk = it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb];
+                if (blk < 0) __trap();
+                pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
+                load_kv<D>(p, pre_base, min(kBlockTokens, t_end - nb * kBlockTokens), pre);
+            }
+        }
+        if (kPrefetch && b == b0) {
             // The new token's key and value were written after the prefetch: read them again.
             if (b == pos / kBlockTokens) {
                 const int q = pos % kBlockTokens;
@@ -248,7 +282,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
                     if (t == q) cur.v[t] = fresh;  // constant indices keep the block in registers
                 }
             }
-        } else {
+        } else if (!kPrefetch) {
             const int blk = table[b];
             if (blk < 0) __trap();
             base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
@@ -267,8 +301,8 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 #pragma unroll
             for (int h = 0; h < kMaxGroup; ++h) {
                 if (h < group) {
-                    const float4* qv = reinterpret_cast<const float4*>(q_s + h * kQStride + part * (kHalf + 4) + c * 8);
-                    const float4 a = qv[0], bq = qv[1];
+                    const float* qv = q_s + h * kQStride + part * (kHalf + 4) + c * 8;
+                    const float4 a = lds_f32x4(qv), bq = lds_f32x4(qv + 4);
                     sc[h] += kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w + kf[4] * bq.x + kf[5] * bq.y +
                              kf[6] * bq.z + kf[7] * bq.w;
                 }
@@ -415,12 +449,18 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 
 using namespace aot_attn_decode;
 
-extern "C" __global__ void __launch_bounds__(kThreads) attn_decode_d64(const AttnDecodeParams p) {
-    attn_decode<64>(p);
-}
-extern "C" __global__ void __launch_bounds__(kThreads) attn_decode_d128(const AttnDecodeParams p) {
-    attn_decode<128>(p);
-}
-extern "C" __global__ void __launch_bounds__(kThreads) attn_decode_d256(const AttnDecodeParams p) {
-    attn_decode<256>(p);
-}
+#define AOT_ATTN_DECODE(name, d, g) \
+    extern "C" __global__ void __launch_bounds__(kThreads) name(const AttnDecodeParams p) { attn_decode<d, g>(p); }
+AOT_ATTN_DECODE(attn_decode_d64, 64, 0)
+AOT_ATTN_DECODE(attn_decode_d64_g2, 64, 2)
+AOT_ATTN_DECODE(attn_decode_d64_g4, 64, 4)
+AOT_ATTN_DECODE(attn_decode_d64_g8, 64, 8)
+AOT_ATTN_DECODE(attn_decode_d128, 128, 0)
+AOT_ATTN_DECODE(attn_decode_d128_g2, 128, 2)
+AOT_ATTN_DECODE(attn_decode_d128_g4, 128, 4)
+AOT_ATTN_DECODE(attn_decode_d128_g8, 128, 8)
+AOT_ATTN_DECODE(attn_decode_d256, 256, 0)
+AOT_ATTN_DECODE(attn_decode_d256_g2, 256, 2)
+AOT_ATTN_DECODE(attn_decode_d256_g4, 256, 4)
+AOT_ATTN_DECODE(attn_decode_d256_g8, 256, 8)
+#undef AOT_ATTN_DECODE

@@ -11,9 +11,21 @@ use super::launch::{check_view, launch_params, to_i32, DevMut, DevRef, OpsError}
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "attention";
-pub const ENTRY_D64: &str = "attn_decode_d64";
-pub const ENTRY_D128: &str = "attn_decode_d128";
-pub const ENTRY_D256: &str = "attn_decode_d256";
+/// Every entry of the module: per head dimension, one for any group and one per fixed group.
+pub const ENTRIES: [&str; 12] = [
+    "attn_decode_d64",
+    "attn_decode_d64_g2",
+    "attn_decode_d64_g4",
+    "attn_decode_d64_g8",
+    "attn_decode_d128",
+    "attn_decode_d128_g2",
+    "attn_decode_d128_g4",
+    "attn_decode_d128_g8",
+    "attn_decode_d256",
+    "attn_decode_d256_g2",
+    "attn_decode_d256_g4",
+    "attn_decode_d256_g8",
+];
 
 /// Tokens per KV-cache block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -21,7 +33,7 @@ pub const BLOCK_TOKENS: usize = 16;
 pub const MAX_SPLITS: usize = 32;
 /// Most query heads per KV head.
 pub const MAX_GROUP: usize = 8;
-const TOKENS_PER_SPLIT_MIN: usize = 64;
+const TOKENS_PER_SPLIT_MIN: usize = 128;
 const THREADS: u32 = 128;
 const WARPS: usize = 4;
 
@@ -56,6 +68,31 @@ struct AttnDecodeParams {
 
 // SAFETY: plain `repr(C)` data, laid out as the kernel's struct.
 unsafe impl DeviceRepr for AttnDecodeParams {}
+
+/// The entry for head dimension `head_dim` and `group` query heads per KV head: the one built for
+/// that group (2, 4 or 8) when there is one, else the one for any group; `None` for a head
+/// dimension the module is not built for (64, 128, 256) or a group outside 1..=MAX_GROUP.
+pub fn decode_entry(head_dim: usize, group: usize) -> Option<&'static str> {
+    if !(1..=MAX_GROUP).contains(&group) {
+        return None;
+    }
+    let name = match (head_dim, group) {
+        (64, 2) => "attn_decode_d64_g2",
+        (64, 4) => "attn_decode_d64_g4",
+        (64, 8) => "attn_decode_d64_g8",
+        (64, _) => "attn_decode_d64",
+        (128, 2) => "attn_decode_d128_g2",
+        (128, 4) => "attn_decode_d128_g4",
+        (128, 8) => "attn_decode_d128_g8",
+        (128, _) => "attn_decode_d128",
+        (256, 2) => "attn_decode_d256_g2",
+        (256, 4) => "attn_decode_d256_g4",
+        (256, 8) => "attn_decode_d256_g8",
+        (256, _) => "attn_decode_d256",
+        _ => return None,
+    };
+    Some(name)
+}
 
 /// How a context of `ctx` tokens is split: `(count, tokens per split)`, a function of the
 /// sequence's own length only (the kernel computes the same).
@@ -123,16 +160,11 @@ pub fn attention_decode(
     let op = "attention_decode";
     let shape_err = |message: String| OpsError::Shape { op, message };
     let d = a.head_dim;
-    let entry = match d {
-        64 => ENTRY_D64,
-        128 => ENTRY_D128,
-        256 => ENTRY_D256,
-        _ => {
-            return Err(shape_err(format!(
-                "head_dim {d}: the kernel is built for 64, 128 and 256"
-            )))
-        }
-    };
+    if ![64, 128, 256].contains(&d) {
+        return Err(shape_err(format!(
+            "head_dim {d}: the kernel is built for 64, 128 and 256"
+        )));
+    }
     if a.m == 0
         || a.kv_heads == 0
         || !a.q_heads.is_multiple_of(a.kv_heads)
@@ -143,6 +175,12 @@ pub fn attention_decode(
             a.m, a.q_heads, a.kv_heads
         )));
     }
+    let entry = decode_entry(d, a.q_heads / a.kv_heads).ok_or_else(|| {
+        shape_err(format!(
+            "no decode attention entry for head_dim {d}, group {}",
+            a.q_heads / a.kv_heads
+        ))
+    })?;
     if a.grid_splits == 0 || a.grid_splits > MAX_SPLITS {
         return Err(shape_err(format!(
             "grid_splits {} must be in 1..={MAX_SPLITS}",
@@ -318,8 +356,28 @@ mod tests {
             );
         }
         assert_eq!(attn_splits(16), (1, 16));
-        assert_eq!(attn_splits(1024), (16, 64));
+        assert_eq!(attn_splits(128), (1, 128));
+        assert_eq!(attn_splits(129), (2, 80));
+        assert_eq!(attn_splits(1024), (8, 128));
         assert_eq!(attn_splits(40_960).0, 32);
+    }
+
+    #[test]
+    fn every_head_dimension_and_group_has_an_entry_and_fixed_groups_get_theirs() {
+        for (d, name) in [(64, "d64"), (128, "d128"), (256, "d256")] {
+            for group in 1..=MAX_GROUP {
+                let entry = decode_entry(d, group).unwrap();
+                let want = match group {
+                    2 | 4 | 8 => format!("attn_decode_{name}_g{group}"),
+                    _ => format!("attn_decode_{name}"),
+                };
+                assert_eq!(entry, want);
+                assert!(ENTRIES.contains(&entry));
+            }
+            assert_eq!(decode_entry(d, 0), None);
+            assert_eq!(decode_entry(d, MAX_GROUP + 1), None);
+        }
+        assert_eq!(decode_entry(96, 4), None);
     }
 
     #[test]

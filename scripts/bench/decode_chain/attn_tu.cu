@@ -1,0 +1,50 @@
+#include "kernels/attention/decode.cu"
+#include "ops.h"
+
+#include <algorithm>
+
+// Mirrors attn_splits() in src/ops/attention.rs.
+int attn_splits_host(int ctx) {
+    int want = std::min(std::max((ctx + kTokensPerSplitMin - 1) / kTokensPerSplitMin, 1), kMaxSplits);
+    int per = (ctx + want - 1) / want;
+    per = (per + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
+    return (ctx + per - 1) / per;
+}
+int attn_max_splits() { return kMaxSplits; }
+
+void launch_attn(const AttnArgs& a, cudaStream_t s) {
+    AttnDecodeParams p{};
+    p.qkv = static_cast<const __nv_bfloat16*>(a.qkv);
+    p.q_norm = static_cast<const __nv_bfloat16*>(a.q_norm);
+    p.k_norm = static_cast<const __nv_bfloat16*>(a.k_norm);
+    p.cos_sin = a.cos_sin;
+    p.k_cache = static_cast<__nv_bfloat16*>(a.k_cache);
+    p.v_cache = static_cast<__nv_bfloat16*>(a.v_cache);
+    p.block_table = a.block_table;
+    p.slot_of_row = a.slot_of_row;
+    p.positions = a.positions;
+    p.out = static_cast<__nv_bfloat16*>(a.out);
+    p.ws_ml = a.ws_ml;
+    p.ws_o = a.ws_o;
+    p.counters = a.counters;
+    p.m = a.m;
+    p.q_heads = a.q_heads;
+    p.kv_heads = a.kv_heads;
+    p.ld_bt = a.ld_bt;
+    p.ld_qkv = a.ld_qkv;
+    p.max_pos = a.max_pos;
+    p.scale = 1.0f / sqrtf(static_cast<float>(a.head_dim));
+    p.eps = a.eps;
+    p.norm_offset = 0.0f;
+    const int d = a.head_dim;
+    const size_t floats = kMaxGroup * (d + 8) + kWarps * kBlockTokens * kMaxGroup + kWarps * kMaxGroup * d;
+    // Mirrors decode_entry() in src/ops/attention.rs.
+    const int g = a.q_heads / a.kv_heads;
+    void (*const table[3][4])(AttnDecodeParams) = {
+        {attn_decode_d64, attn_decode_d64_g2, attn_decode_d64_g4, attn_decode_d64_g8},
+        {attn_decode_d128, attn_decode_d128_g2, attn_decode_d128_g4, attn_decode_d128_g8},
+        {attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8},
+    };
+    void (*kernel)(AttnDecodeParams) = table[d == 64 ? 0 : d == 128 ? 1 : 2][g == 2 ? 1 : g == 4 ? 2 : g == 8 ? 3 : 0];
+    launch(kernel, dim3(a.kv_heads, a.m, a.grid_splits), dim3(kThreads), floats * 4, s, p);
+}

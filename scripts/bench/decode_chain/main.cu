@@ -1,0 +1,270 @@
+// Decode-chain micro-benchmark: one Qwen3 decode step's kernels (qkv, attention, o_proj, gate_up,
+// down for every layer, then lm_head), exactly as the engine launches them, captured in a CUDA
+// graph and timed on the GPU; then each kernel alone (a graph of it over every layer). Random
+// weights; the sizes default to Qwen3-4B. For A/B work on the kernels without the Rust build:
+// build.sh compiles it against any source tree (see README.md here).
+//
+//   decode-chain [--m 1] [--ctx 80] [--layers 36] [--reps 200] [--exact-splits] [--pdl]
+//
+// --pdl launches the GEMV and attention kernels with programmatic dependent launch.
+#include "ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                 \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, unsigned seed, float scale, float offset) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned x = (unsigned)i * 2654435761u ^ seed;
+        x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+        p[i] = __float2bfloat16(offset + scale * ((x & 0xffffff) / 16777216.0f - 0.5f));
+    }
+}
+__global__ void fill_f32(float* p, size_t n, float v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+__global__ void stream_read(const uint4* __restrict__ d, size_t n, unsigned* out) {
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(d + i));
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) out[0] = acc;
+}
+
+static __nv_bfloat16* bf16_buf(size_t n, unsigned seed, float scale, float offset = 0.0f) {
+    __nv_bfloat16* p;
+    CK(cudaMalloc(&p, n * 2));
+    fill_bf16<<<1024, 256>>>(p, n, seed, scale, offset);
+    return p;
+}
+static float* f32_buf(size_t n, float v) {
+    float* p;
+    CK(cudaMalloc(&p, n * 4));
+    fill_f32<<<256, 256>>>(p, n, v);
+    return p;
+}
+
+struct Layer {
+    __nv_bfloat16 *qkv, *o, *gate_up, *down, *in_norm, *post_norm, *q_norm, *k_norm, *k_cache, *v_cache;
+};
+
+bool g_pdl = false;
+
+int main(int argc, char** argv) {
+    int m = 1, ctx = 80, layers = 36, reps = 200;
+    bool exact_splits = false;
+    int hidden = 2560, q_heads = 32, kv_heads = 8, hd = 128, inter = 9728, vocab = 151936;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&]() { return atoi(argv[++i]); };
+        if (a == "--m") m = next();
+        else if (a == "--ctx") ctx = next();
+        else if (a == "--layers") layers = next();
+        else if (a == "--reps") reps = next();
+        else if (a == "--exact-splits") exact_splits = true;
+        else if (a == "--pdl") g_pdl = true;
+        else { fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
+    }
+    int sm = 0;
+    CK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
+    const int qkv_dim = (q_heads + 2 * kv_heads) * hd, q_dim = q_heads * hd;
+    const int blocks_per_seq = (ctx + 16) / 16 + 1, ld_bt = blocks_per_seq, max_pos = ctx + 64;
+    const size_t kv_per_layer = (size_t)m * blocks_per_seq * kv_heads * 16 * hd;
+
+    std::vector<Layer> L(layers);
+    for (int l = 0; l < layers; ++l) {
+        unsigned s = 1000 + l * 16;
+        L[l].qkv = bf16_buf((size_t)qkv_dim * hidden, s + 1, 0.04f);
+        L[l].o = bf16_buf((size_t)hidden * q_dim, s + 2, 0.04f);
+        L[l].gate_up = bf16_buf((size_t)2 * inter * hidden, s + 3, 0.04f);
+        L[l].down = bf16_buf((size_t)hidden * inter, s + 4, 0.04f);
+        L[l].in_norm = bf16_buf(hidden, s + 5, 0.2f, 1.0f);
+        L[l].post_norm = bf16_buf(hidden, s + 6, 0.2f, 1.0f);
+        L[l].q_norm = bf16_buf(hd, s + 7, 0.2f, 1.0f);
+        L[l].k_norm = bf16_buf(hd, s + 8, 0.2f, 1.0f);
+        L[l].k_cache = bf16_buf(kv_per_layer, s + 9, 1.0f);
+        L[l].v_cache = bf16_buf(kv_per_layer, s + 10, 1.0f);
+    }
+    __nv_bfloat16* lm_head = bf16_buf((size_t)vocab * hidden, 7, 0.04f);
+    __nv_bfloat16* final_norm = bf16_buf(hidden, 8, 0.2f, 1.0f);
+    __nv_bfloat16* h = bf16_buf((size_t)8 * hidden, 9, 2.0f);
+    const int ssq_groups = hidden / 16;
+    float* ssq = f32_buf((size_t)ssq_groups * 8, 1.0f);  // sum of squares ~ hidden / 3 spread over groups
+    __nv_bfloat16* qkv = bf16_buf((size_t)8 * qkv_dim, 10, 1.0f);
+    __nv_bfloat16* attn = bf16_buf((size_t)8 * q_dim, 11, 1.0f);
+    __nv_bfloat16* act = bf16_buf((size_t)8 * inter, 12, 1.0f);
+    float* logits = f32_buf((size_t)8 * vocab, 0.0f);
+    std::vector<float> cs((size_t)max_pos * hd);
+    for (int p = 0; p < max_pos; ++p)
+        for (int j = 0; j < hd / 2; ++j) {
+            float f = p * powf(1000000.0f, -2.0f * j / hd);
+            cs[(size_t)p * hd + j] = cosf(f);
+            cs[(size_t)p * hd + hd / 2 + j] = sinf(f);
+        }
+    float* cos_sin;
+    CK(cudaMalloc(&cos_sin, cs.size() * 4));
+    CK(cudaMemcpy(cos_sin, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int> table((size_t)m * ld_bt), slots(m), positions(m);
+    for (int r = 0; r < m; ++r) {
+        slots[r] = r;
+        positions[r] = ctx;  // ctx tokens already cached; the new one goes at position ctx
+        for (int j = 0; j < ld_bt; ++j) table[(size_t)r * ld_bt + j] = r * blocks_per_seq + j;
+    }
+    int *d_table, *d_slots, *d_pos;
+    CK(cudaMalloc(&d_table, table.size() * 4));
+    CK(cudaMalloc(&d_slots, m * 4));
+    CK(cudaMalloc(&d_pos, m * 4));
+    CK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_slots, slots.data(), m * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pos, positions.data(), m * 4, cudaMemcpyHostToDevice));
+    const int ms = attn_max_splits();
+    float* ws_ml = f32_buf((size_t)8 * q_heads * ms * 2, 0.0f);
+    float* ws_o = f32_buf((size_t)8 * q_heads * ms * hd, 0.0f);
+    unsigned* counters;
+    CK(cudaMalloc(&counters, 8 * kv_heads * 4));
+    CK(cudaMemset(counters, 0, 8 * kv_heads * 4));
+    CK(cudaDeviceSynchronize());
+
+    const float eps = 1e-6f;
+    const int grid_splits = exact_splits ? attn_splits_host(ctx + 1) : ms;
+    auto op_qkv = [&](int l, int groups, cudaStream_t s) {
+        launch_gemv({L[l].qkv, h, ssq, L[l].in_norm, qkv, nullptr, nullptr, qkv_dim, hidden, m, hidden, qkv_dim, 0,
+                     groups, eps, 0, 0}, sm, s);
+    };
+    auto op_attn = [&](int l, cudaStream_t s) {
+        launch_attn({qkv, L[l].q_norm, L[l].k_norm, cos_sin, L[l].k_cache, L[l].v_cache, d_table, d_slots, d_pos, attn,
+                     ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, eps}, s);
+    };
+    auto op_o = [&](int l, cudaStream_t s) {
+        launch_gemv({L[l].o, attn, nullptr, nullptr, nullptr, h, ssq, hidden, q_dim, m, q_dim, 0, hidden, 0, eps, 2, 0},
+                    sm, s);
+    };
+    auto op_gate_up = [&](int l, cudaStream_t s) {
+        launch_gemv({L[l].gate_up, h, ssq, L[l].post_norm, act, nullptr, nullptr, 2 * inter, hidden, m, hidden, inter, 0,
+                     ssq_groups, eps, 3, inter}, sm, s);
+    };
+    auto op_down = [&](int l, cudaStream_t s) {
+        launch_gemv({L[l].down, act, nullptr, nullptr, nullptr, h, ssq, hidden, inter, m, inter, 0, hidden, 0, eps, 2, 0},
+                    sm, s);
+    };
+    auto op_lm = [&](cudaStream_t s) {
+        launch_gemv({lm_head, h, ssq, final_norm, logits, nullptr, nullptr, vocab, hidden, m, hidden, vocab, 0,
+                     ssq_groups, eps, 1, 0}, sm, s);
+    };
+
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto capture = [&](auto&& body) {
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        body();
+        CK(cudaGetLastError());
+        CK(cudaStreamEndCapture(s, &g));
+        CK(cudaGraphInstantiate(&e, g, 0));
+        return e;
+    };
+    // Median over `reps` replays (each timed alone with events), after a warm-up.
+    auto time_graph = [&](cudaGraphExec_t e) {
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int i = 0; i < 10; ++i) CK(cudaGraphLaunch(e, s));
+        std::vector<float> t;
+        for (int i = 0; i < reps; ++i) {
+            CK(cudaEventRecord(a, s));
+            CK(cudaGraphLaunch(e, s));
+            CK(cudaEventRecord(b, s));
+            CK(cudaEventSynchronize(b));
+            float ms_;
+            CK(cudaEventElapsedTime(&ms_, a, b));
+            t.push_back(ms_ * 1000.0f);
+        }
+        std::sort(t.begin(), t.end());
+        return std::make_pair(t[t.size() / 2], t[t.size() * 9 / 10]);
+    };
+
+    // Streaming read of 4 GiB: the bandwidth the limit is measured against.
+    const size_t sbytes = (size_t)4 << 30;
+    uint4* sbuf;
+    unsigned* sout;
+    CK(cudaMalloc(&sbuf, sbytes));
+    CK(cudaMalloc(&sout, 4));
+    CK(cudaMemset(sbuf, 1, sbytes));
+    auto gs = capture([&] { stream_read<<<sm * 4, 512, 0, s>>>(sbuf, sbytes / 16, sout); });
+    const float stream_us = time_graph(gs).first;
+    const double bw = sbytes / (stream_us * 1e-6);
+    CK(cudaFree(sbuf));
+
+    const double w_bytes = (double)layers * 2.0 * ((double)qkv_dim * hidden + (double)hidden * q_dim +
+                                                  2.0 * inter * hidden + (double)hidden * inter) +
+                           2.0 * vocab * hidden;
+    const double kv_bytes = (double)layers * m * (ctx + 1) * kv_heads * hd * 2.0 * 2.0;
+    const double limit_us = (w_bytes + kv_bytes) / bw * 1e6;
+
+    auto step = capture([&] {
+        int groups = ssq_groups;
+        for (int l = 0; l < layers; ++l) {
+            op_qkv(l, groups, s);
+            op_attn(l, s);
+            op_o(l, s);
+            op_gate_up(l, s);
+            op_down(l, s);
+        }
+        op_lm(s);
+    });
+    auto [med, p90] = time_graph(step);
+    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pdl %d\n", sm, bw / 1e12, m,
+           ctx, layers, grid_splits, g_pdl ? 1 : 0);
+    printf("step  median %8.1f us  p90 %8.1f us  limit %8.1f us  share %5.1f%%  %7.1f tok/s\n", med, p90, limit_us,
+           100.0 * limit_us / med, m * 1e6 / med);
+
+    struct Op {
+        const char* name;
+        double bytes;
+        std::function<void(int)> f;
+    };
+    std::vector<Op> ops = {
+        {"qkv", 2.0 * qkv_dim * hidden, [&](int l) { op_qkv(l, ssq_groups, s); }},
+        {"attn", (double)m * (ctx + 1) * kv_heads * hd * 4.0, [&](int l) { op_attn(l, s); }},
+        {"o_proj", 2.0 * hidden * q_dim, [&](int l) { op_o(l, s); }},
+        {"gate_up", 4.0 * inter * hidden, [&](int l) { op_gate_up(l, s); }},
+        {"down", 2.0 * hidden * inter, [&](int l) { op_down(l, s); }},
+    };
+    double sum = 0;
+    for (auto& op : ops) {
+        auto g = capture([&] { for (int l = 0; l < layers; ++l) op.f(l); });
+        auto [t, t90] = time_graph(g);
+        const double per = t / layers;
+        sum += per * layers;
+        printf("%-8s %7.2f us/launch  %6.2f TB/s  (ideal %6.2f us)\n", op.name, per, op.bytes / (per * 1e-6) / 1e12,
+               op.bytes / bw * 1e6);
+    }
+    auto gl = capture([&] { op_lm(s); });
+    const double lm = time_graph(gl).first;
+    sum += lm;
+    printf("%-8s %7.2f us/launch  %6.2f TB/s  (ideal %6.2f us)\n", "lm_head", lm, 2.0 * vocab * hidden / (lm * 1e-6) / 1e12,
+           2.0 * vocab * hidden / bw * 1e6);
+    printf("sum of kernels alone %.1f us; step %.1f us\n", sum, med);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
