@@ -14,7 +14,9 @@
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
 // function of its own length only, so a sequence's result never depends on what else is in the
 // batch); blocks past a sequence's split count return at once. A split's four warps take its cache
-// blocks in turn, each loading its next block while it scores the current one. Each split keeps an
+// blocks in turn, each loading its next block while it scores the current one: q.k on tensor cores
+// (a 16-token block against up to 8 query heads is one m16n8k16 mma per 16 dims), p.v on CUDA
+// cores. Each split keeps an
 // online softmax (fp32, base 2) per query head; when a sequence has more than one split, the last
 // block to finish merges the partials in split order.
 //
@@ -106,8 +108,9 @@ __device__ __forceinline__ Splits attn_splits(int ctx) {
     return Splits{(ctx + per - 1) / per, per};
 }
 
-// One 16-token cache block as a lane holds it: half a key row (the lane's token) and its slice of
-// every token's value row.
+// One 16-token cache block as a lane holds it: the keys of tokens g and g + 8 (g = lane / 4) as
+// tensor-core A fragments (k[2c], k[2c + 1]: dims [32c + 8t, 32c + 8t + 8) of each, t = lane % 4),
+// and the lane's slice of every token's value row.
 template <int D>
 struct KvRegs {
     static constexpr int kPerLane = D / 32;
@@ -120,10 +123,15 @@ template <int D>
 __device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base, int n_tok, KvRegs<D>& r) {
     constexpr int kPerLane = D / 32;
     const int lane = threadIdx.x & 31;
-    const int tl = lane & 15;
-    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + tl) * D + (lane >> 4) * (D / 2));
+    const int g = lane >> 2;
+    const uint4* klo = reinterpret_cast<const uint4*>(p.k_cache + (base + g) * D + (lane & 3) * 8);
+    const uint4* khi = klo + kBlockTokens / 2 * D / 8;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int c = 0; c < D / 16; ++c) r.k[c] = tl < n_tok ? krow[c] : make_uint4(0, 0, 0, 0);
+    for (int c = 0; c < D / 32; ++c) {
+        r.k[2 * c] = g < n_tok ? klo[4 * c] : zero;
+        r.k[2 * c + 1] = g + 8 < n_tok ? khi[4 * c] : zero;
+    }
     const __nv_bfloat16* vbase = p.v_cache + base * D + lane * kPerLane;
 #pragma unroll
     for (int q = 0; q < kBlockTokens; ++q) {
@@ -140,30 +148,21 @@ __device__ __forceinline__ void unpack_v(const unsigned& v, float (&f)[2]) {
     f[0] = aot::bf16_lo(v); f[1] = aot::bf16_hi(v);
 }
 
-// Four floats from shared memory as one 16-byte load the compiler cannot split or narrow: with
-// plain float4 loads here, NVVM (NVRTC 12.9, nvcc 13.0) narrowed some of them differently from run
-// to run in the fixed-group entries, and the lock holds only reproducible images.
-__device__ __forceinline__ float4 lds_f32x4(const float* p) {
-    float4 v;
-    asm("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-        : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
-    return v;
-}
-
 // G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup.
 template <int D, int G>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
-    constexpr int kQStride = D + 8;          // per head: [half 0 | pad 4 | half 1 | pad 4] in floats
+    constexpr int kQFloats = D + 8;          // shared memory per query head (the host sizes it so)
     constexpr int kPerLane = D / 32;         // V dims per lane
     constexpr bool kPrefetch = D <= 128;     // registers for a whole cache block up front
     extern __shared__ float smem[];
-    float* q_s = smem;                                   // [G][kQStride]
-    float* p_s = q_s + kMaxGroup * kQStride;             // [warps][16][G]
+    // The query heads in bf16, [kMaxGroup][D]: the B operand of the score mma.
+    __nv_bfloat16* q_b = reinterpret_cast<__nv_bfloat16*>(smem);
+    float* p_s = smem + kMaxGroup * kQFloats;            // [warps][16][kMaxGroup]
     float* merge_o = p_s + kWarps * kBlockTokens * kMaxGroup;  // [warps][G][D]
     __shared__ float merge_m[kWarps][kMaxGroup];
     __shared__ float merge_l[kWarps][kMaxGroup];
+    __shared__ float alpha_s[kWarps][kMaxGroup];
     __shared__ unsigned is_last;
 
     const int kvh = blockIdx.x;
@@ -207,16 +206,16 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         load_kv<D>(p, pre_base, min(kBlockTokens, t_end - b0 * kBlockTokens), pre);
     }
 
-    // Query heads of this KV head (warp w builds heads w, w + 4), normed, rotated and pre-scaled
-    // so that scores are in base 2.
+    // Query heads of this KV head (warp w builds heads w, w + 4), normed and rotated; bf16 as the
+    // model rounds them, so storing them as bf16 loses nothing.
     for (int h = warp; h < group; h += kWarps) {
         float x[D / 32];
         head_prologue<D>(p, raw + (kvh * group + h) * D, p.q_norm, pos, x);
 #pragma unroll
         for (int i = 0; i < D / 64; ++i) {
             const int j = lane + 32 * i;
-            q_s[h * kQStride + j] = x[2 * i] * p.scale * kLog2e;
-            q_s[h * kQStride + j + kHalf + 4] = x[2 * i + 1] * p.scale * kLog2e;
+            q_b[h * D + j] = __float2bfloat16_rn(x[2 * i]);
+            q_b[h * D + j + kHalf] = __float2bfloat16_rn(x[2 * i + 1]);
         }
     }
     // The split holding the new position writes its key and value into the cache.
@@ -238,17 +237,26 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     // Makes the query and the written key/value visible to the whole block.
     __syncthreads();
 
-    float m_run[kMaxGroup], l_run[kMaxGroup], o[kMaxGroup][kPerLane];
+    // Scores on tensor cores: S[16 tokens][8 heads] = K (A, rows g and g + 8) x Q^T (B, column g
+    // = head g, zero past the group), one mma.m16n8k16 per 16 dims. The lane then holds tokens g
+    // and g + 8 of heads 2t and 2t + 1, and keeps the running max and sum of those two heads.
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    uint4 qf[D / 32];
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+        qf[c] = g < group ? *reinterpret_cast<const uint4*>(q_b + g * D + 32 * c + 8 * t) : make_uint4(0, 0, 0, 0);
+    }
+    const float qscale = p.scale * kLog2e;  // scores in base 2
+    float m_run[2] = {aot::neg_inf(), aot::neg_inf()};
+    float l_run[2] = {0.0f, 0.0f};
+    float o[kMaxGroup][kPerLane];
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
-        m_run[h] = aot::neg_inf();
-        l_run[h] = 0.0f;
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) o[h][e] = 0.0f;
     }
 
-    const int tl = lane & 15;   // the token this lane scores
-    const int part = lane >> 4; // which half of d it reads
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
     for (int b = b0, it = 0; b * kBlockTokens < t_end; b += kWarps, ++it) {
         const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
@@ -270,16 +278,23 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             // The new token's key and value were written after the prefetch: read them again.
             if (b == pos / kBlockTokens) {
                 const int q = pos % kBlockTokens;
-                if (tl == q) {
-                    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + q) * D + part * kHalf);
+                if (g == q || g + 8 == q) {
+                    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + q) * D + 8 * t);
 #pragma unroll
-                    for (int c = 0; c < D / 16; ++c) cur.k[c] = krow[c];
+                    for (int c = 0; c < D / 32; ++c) {
+                        const uint4 fresh = krow[4 * c];
+                        if (g == q) {
+                            cur.k[2 * c] = fresh;
+                        } else {
+                            cur.k[2 * c + 1] = fresh;
+                        }
+                    }
                 }
                 using V = typename KvRegs<D>::V;
                 const V fresh = *reinterpret_cast<const V*>(p.v_cache + (base + q) * D + lane * kPerLane);
 #pragma unroll
-                for (int t = 0; t < kBlockTokens; ++t) {
-                    if (t == q) cur.v[t] = fresh;  // constant indices keep the block in registers
+                for (int j = 0; j < kBlockTokens; ++j) {
+                    if (j == q) cur.v[j] = fresh;  // constant indices keep the block in registers
                 }
             }
         } else if (!kPrefetch) {
@@ -288,54 +303,42 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
             load_kv<D>(p, base, n_tok, cur);
         }
-        const bool valid = tl < n_tok;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) aot::mma_chunk32(acc, cur.k[2 * c], cur.k[2 * c + 1], qf[c]);
+        const bool valid_lo = g < n_tok;
+        const bool valid_hi = g + 8 < n_tok;
 
-        // Scores: each lane dots half a key with every query head; the two halves meet by shuffle.
-        float sc[kMaxGroup];
+        // Online softmax of heads 2t + j over these 16 tokens: the 8 lanes that share t hold them.
 #pragma unroll
-        for (int h = 0; h < kMaxGroup; ++h) sc[h] = 0.0f;
+        for (int j = 0; j < 2; ++j) {
+            const float s_lo = valid_lo ? acc[j] * qscale : aot::neg_inf();
+            const float s_hi = valid_hi ? acc[2 + j] * qscale : aot::neg_inf();
+            float bmax = fmaxf(s_lo, s_hi);
 #pragma unroll
-        for (int c = 0; c < kHalf / 8; ++c) {
-            float kf[8];
-            aot::unpack8(cur.k[c], kf);
+            for (int off = 4; off < 32; off <<= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, off));
+            const float m_new = fmaxf(m_run[j], bmax);
+            const float alpha = m_run[j] == aot::neg_inf() ? 0.0f : exp2f(m_run[j] - m_new);
+            const float p_lo = valid_lo ? exp2f(s_lo - m_new) : 0.0f;
+            const float p_hi = valid_hi ? exp2f(s_hi - m_new) : 0.0f;
+            float bsum = p_lo + p_hi;
 #pragma unroll
-            for (int h = 0; h < kMaxGroup; ++h) {
-                if (h < group) {
-                    const float* qv = q_s + h * kQStride + part * (kHalf + 4) + c * 8;
-                    const float4 a = lds_f32x4(qv), bq = lds_f32x4(qv + 4);
-                    sc[h] += kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w + kf[4] * bq.x + kf[5] * bq.y +
-                             kf[6] * bq.z + kf[7] * bq.w;
-                }
-            }
+            for (int off = 4; off < 32; off <<= 1) bsum += __shfl_xor_sync(0xffffffffu, bsum, off);
+            l_run[j] = l_run[j] * alpha + bsum;
+            m_run[j] = m_new;
+            my_p[g * kMaxGroup + 2 * t + j] = p_lo;
+            my_p[(g + 8) * kMaxGroup + 2 * t + j] = p_hi;
+            if (g == 0) alpha_s[warp][2 * t + j] = alpha;
         }
+        __syncwarp();
 #pragma unroll
         for (int h = 0; h < kMaxGroup; ++h) {
             if (h < group) {
-                sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], 16);
-                if (!valid) sc[h] = aot::neg_inf();
+                const float alpha = alpha_s[warp][h];
+#pragma unroll
+                for (int e = 0; e < kPerLane; ++e) o[h][e] *= alpha;
             }
         }
-
-        // Online softmax per head over these 16 tokens.
-#pragma unroll
-        for (int h = 0; h < kMaxGroup; ++h) {
-            if (h >= group) continue;
-            float bmax = sc[h];
-#pragma unroll
-            for (int off = 8; off > 0; off >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, off));
-            const float m_new = fmaxf(m_run[h], bmax);
-            const float alpha = m_run[h] == aot::neg_inf() ? 0.0f : exp2f(m_run[h] - m_new);
-            const float pr = valid ? exp2f(sc[h] - m_new) : 0.0f;
-            float bsum = pr;
-#pragma unroll
-            for (int off = 8; off > 0; off >>= 1) bsum += __shfl_xor_sync(0xffffffffu, bsum, off);
-            l_run[h] = l_run[h] * alpha + bsum;
-            m_run[h] = m_new;
-#pragma unroll
-            for (int e = 0; e < kPerLane; ++e) o[h][e] *= alpha;
-            if (lane < kBlockTokens) my_p[lane * kMaxGroup + h] = pr;
-        }
-        __syncwarp();
 
         // o += p v: lane owns kPerLane consecutive dims of every query head.
 #pragma unroll
@@ -356,13 +359,18 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     }
 
     // Merge the warps in order.
+    if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (2 * t + j < group) {
+                merge_m[warp][2 * t + j] = m_run[j];
+                merge_l[warp][2 * t + j] = l_run[j];
+            }
+        }
+    }
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
         if (h >= group) continue;
-        if (lane == 0) {
-            merge_m[warp][h] = m_run[h];
-            merge_l[warp][h] = l_run[h];
-        }
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) merge_o[(warp * kMaxGroup + h) * D + lane * kPerLane + e] = o[h][e];
     }
