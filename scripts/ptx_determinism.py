@@ -85,7 +85,8 @@ def main():
     ok = True
     for name, compile_ptx in compilers:
         runs = [entries(compile_ptx()) for _ in range(a.runs)]
-        bad = sorted({k for r in runs[1:] for k in r if r[k] != runs[0].get(k)})
+        names = set().union(*runs)
+        bad = sorted(k for k in names if len({r.get(k) for r in runs}) > 1)
         print(f"{name} {a.arch}, {a.runs} runs of {a.source}: "
               + (f"entries that differ: {', '.join(bad)}" if bad else f"all {len(runs[0]) - 1} entries identical"))
         ok &= not bad

@@ -14,11 +14,11 @@
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
 // function of its own length only, so a sequence's result never depends on what else is in the
 // batch); blocks past a sequence's split count return at once. A split's four warps take its cache
-// blocks in turn, each loading its next block while it scores the current one: q.k on tensor cores
-// (a 16-token block against up to 8 query heads is one m16n8k16 mma per 16 dims), p.v on CUDA
-// cores. Each split keeps an
-// online softmax (fp32, base 2) per query head; when a sequence has more than one split, the last
-// block to finish merges the partials in split order.
+// blocks in turn (at head dimension 64 and 128 each loads its next block while it scores the
+// current one; at 256 a block's registers leave no room for two): q.k on tensor cores (a 16-token
+// block against up to 8 query heads is one m16n8k16 mma per 16 dims), p.v on CUDA cores. Each
+// split keeps an online softmax (fp32, base 2) per query head; when a sequence has more than one
+// split, the last block to finish merges the partials in split order.
 //
 // Cache layout per layer: [blocks][kv_heads][16][d] bf16 for K and for V.
 #include "aot_common.cuh"
@@ -35,8 +35,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlockTokens = 16;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 32;
-// Fewer, longer splits: a split's warps stream their cache blocks two deep, while every extra
-// split costs the merge's round trips (64 measured slower at every context on the H200).
+// Fewer, longer splits: a split's warps stream their cache blocks two deep (D <= 128), while
+// every extra split costs the merge's round trips (64 measured slower at every context on the H200).
 constexpr int kTokensPerSplitMin = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -152,7 +152,7 @@ __device__ __forceinline__ void unpack_v(const unsigned& v, float (&f)[2]) {
 template <int D, int G>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
-    constexpr int kQFloats = D + 8;          // shared memory per query head (the host sizes it so)
+    constexpr int kQFloats = D + 8;          // floats per query head the host reserves (bf16 q uses half)
     constexpr int kPerLane = D / 32;         // V dims per lane
     constexpr bool kPrefetch = D <= 128;     // registers for a whole cache block up front
     extern __shared__ float smem[];

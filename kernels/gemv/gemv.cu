@@ -270,7 +270,8 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
         return;
     }
 
-    // Narrow: warp w takes chunks [w * per, (w + 1) * per) of the block's tile.
+    // Narrow: the block takes tiles blockIdx.x, + gridDim.x, ...; warp w takes chunks
+    // [w * per, (w + 1) * per) of each.
     const int per = (chunks + kWarps - 1) / kWarps;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -301,7 +302,8 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 
 using namespace aot_gemv;
 
-// x read from global memory; warps take whole tiles (wide) or a block splits one tile's K (narrow).
+// x read from global memory; warps take whole tiles (wide) or a block splits each of its tiles' K
+// (narrow).
 extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_bf16(const GemvParams p) { gemv_body<false, false>(p); }
 extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_bf16(const GemvParams p) {
     gemv_body<false, true>(p);

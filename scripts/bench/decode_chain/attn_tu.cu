@@ -2,6 +2,8 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 // Mirrors attn_splits() in src/ops/attention.rs.
 int attn_splits_host(int ctx) {
@@ -37,6 +39,10 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
     p.eps = a.eps;
     p.norm_offset = 0.0f;
     const int d = a.head_dim;
+    if (d != 64 && d != 128 && d != 256) {
+        fprintf(stderr, "head_dim %d: the decode attention kernels are built for 64, 128 and 256\n", d);
+        exit(2);
+    }
     const size_t floats = kMaxGroup * (d + 8) + kWarps * kBlockTokens * kMaxGroup + kWarps * kMaxGroup * d;
     // Mirrors decode_entry() in src/ops/attention.rs.
     const int g = a.q_heads / a.kv_heads;

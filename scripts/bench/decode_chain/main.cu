@@ -84,6 +84,10 @@ int main(int argc, char** argv) {
         else if (a == "--pdl") g_pdl = true;
         else { fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
     }
+    if (m < 1 || m > 8 || ctx < 0 || layers < 1 || reps < 1) {
+        fprintf(stderr, "--m must be 1..8 (the kernels' most tokens), --ctx >= 0, --layers and --reps >= 1\n");
+        return 2;
+    }
     int sm = 0;
     CK(cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, 0));
     const int qkv_dim = (q_heads + 2 * kv_heads) * hd, q_dim = q_heads * hd;
