@@ -18,8 +18,8 @@ use aot_kernels::ops::attention::{
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
-    gemv, gemv_reference, norm_input_reference, residual_groups, residual_reference,
-    silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS, TILE_ROWS,
+    gemv, gemv_reference, norm_input_reference, norm_input_with_scales, residual_groups,
+    residual_reference, silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS, TILE_ROWS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -269,26 +269,22 @@ fn norm_flip_bound(
     x: &[bf16],
     ssq: &[f32],
     nw: &[bf16],
-    eps: f64,
+    eps: f32,
     offset: f32,
     m: usize,
 ) -> Vec<f64> {
-    let input = |factor: f64| -> Vec<f32> {
-        let mut out = Vec::with_capacity(m * k);
-        for (row, &s) in x.chunks_exact(k).take(m).zip(ssq) {
-            let scale = factor / (f64::from(s) / k as f64 + eps).sqrt();
-            for (&v, &g) in row.iter().zip(nw) {
-                let normed = bf16::from_f64(f64::from(v.to_f32()) * scale);
-                out.push(bf16::from_f32((g.to_f32() + offset) * normed.to_f32()).to_f32());
-            }
-        }
-        out
+    let input = |factor: f64| -> Vec<bf16> {
+        let scales: Vec<f64> = ssq[..m]
+            .iter()
+            .map(|&s| factor / (f64::from(s) / k as f64 + f64::from(eps)).sqrt())
+            .collect();
+        norm_input_with_scales(&x[..m * k], k, &scales, nw, offset)
     };
     let (lo, hi) = (input(1.0 - 1e-6), input(1.0 + 1e-6));
     let mut bound = vec![0.0f64; m * n];
     for r in 0..m {
         for j in 0..k {
-            let gap = f64::from((hi[r * k + j] - lo[r * k + j]).abs());
+            let gap = f64::from((hi[r * k + j].to_f32() - lo[r * k + j].to_f32()).abs());
             if gap > 0.0 {
                 for (i, b) in bound[r * n..(r + 1) * n].iter_mut().enumerate() {
                     *b += f64::from(w[i * k + j].to_f32().abs()) * gap;

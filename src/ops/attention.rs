@@ -11,7 +11,8 @@ use super::launch::{check_view, launch_params, to_i32, DevMut, DevRef, OpsError}
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "attention";
-/// Every entry of the module: per head dimension, one for any group and one per fixed group.
+/// Every entry of the module: per head dimension (64, 128, 256), the one for any group, then
+/// those for groups 2, 4 and 8, in this order ([`decode_entry`] indexes it).
 pub const ENTRIES: [&str; 12] = [
     "attn_decode_d64",
     "attn_decode_d64_g2",
@@ -73,25 +74,21 @@ unsafe impl DeviceRepr for AttnDecodeParams {}
 /// that group (2, 4 or 8) when there is one, else the one for any group; `None` for a head
 /// dimension the module is not built for (64, 128, 256) or a group outside 1..=MAX_GROUP.
 pub fn decode_entry(head_dim: usize, group: usize) -> Option<&'static str> {
-    if !(1..=MAX_GROUP).contains(&group) {
-        return None;
-    }
-    let name = match (head_dim, group) {
-        (64, 2) => "attn_decode_d64_g2",
-        (64, 4) => "attn_decode_d64_g4",
-        (64, 8) => "attn_decode_d64_g8",
-        (64, _) => "attn_decode_d64",
-        (128, 2) => "attn_decode_d128_g2",
-        (128, 4) => "attn_decode_d128_g4",
-        (128, 8) => "attn_decode_d128_g8",
-        (128, _) => "attn_decode_d128",
-        (256, 2) => "attn_decode_d256_g2",
-        (256, 4) => "attn_decode_d256_g4",
-        (256, 8) => "attn_decode_d256_g8",
-        (256, _) => "attn_decode_d256",
+    // ENTRIES holds, per head dimension, [any group, g2, g4, g8].
+    let base = match head_dim {
+        64 => 0,
+        128 => 4,
+        256 => 8,
         _ => return None,
     };
-    Some(name)
+    let fixed = match group {
+        2 => 1,
+        4 => 2,
+        8 => 3,
+        g if (1..=MAX_GROUP).contains(&g) => 0,
+        _ => return None,
+    };
+    Some(ENTRIES[base + fixed])
 }
 
 /// How a context of `ctx` tokens is split: `(count, tokens per split)`, a function of the
@@ -167,6 +164,7 @@ pub fn attention_decode(
     }
     if a.m == 0
         || a.kv_heads == 0
+        || a.q_heads == 0
         || !a.q_heads.is_multiple_of(a.kv_heads)
         || a.q_heads / a.kv_heads > MAX_GROUP
     {

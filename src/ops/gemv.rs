@@ -308,9 +308,23 @@ pub fn norm_input_reference(
     eps: f32,
     offset: f32,
 ) -> Vec<bf16> {
+    let scales: Vec<f64> = ssq
+        .iter()
+        .map(|&s| 1.0 / (f64::from(s) / k as f64 + f64::from(eps)).sqrt())
+        .collect();
+    norm_input_with_scales(h, k, &scales, weight, offset)
+}
+
+/// The norm prologue with each row's scale given: `bf16((w + offset) * bf16(h * scale))`.
+pub fn norm_input_with_scales(
+    h: &[bf16],
+    k: usize,
+    scales: &[f64],
+    weight: &[bf16],
+    offset: f32,
+) -> Vec<bf16> {
     let mut out = Vec::with_capacity(h.len());
-    for (row, &s) in h.chunks_exact(k).zip(ssq) {
-        let scale = 1.0 / (f64::from(s) / k as f64 + f64::from(eps)).sqrt();
+    for (row, &scale) in h.chunks_exact(k).zip(scales) {
         for (&x, &w) in row.iter().zip(weight) {
             let normed = bf16::from_f64(f64::from(x.to_f32()) * scale);
             out.push(bf16::from_f32((w.to_f32() + offset) * normed.to_f32()));
