@@ -27,7 +27,7 @@ use aot_kernels::ops::qk_norm_rope::{
     qk_norm_rope_cache, qk_norm_rope_cache_reference, QkNormRopeInputs, QkNormRopeParams,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
-use aot_kernels::ops::{dev_mut, OpsError};
+use aot_kernels::ops::{dev, dev_mut, OpsError};
 use cudarc::driver::CudaSlice;
 use gpu_common::{describe, device, load_auto, load_both_paths, random_bf16, time_ms};
 use half::bf16;
@@ -497,8 +497,9 @@ fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
             );
 
             let table = s.clone_htod(&cache.blocks).unwrap();
+            let qkv_dev = s.clone_htod(&qkv).unwrap();
             let inputs = QkNormRopeInputs {
-                qkv: &s.clone_htod(&qkv).unwrap(),
+                qkv: dev(k, &qkv_dev),
                 q_norm: &s.clone_htod(&q_norm).unwrap(),
                 k_norm: &s.clone_htod(&k_norm).unwrap(),
                 cos_sin: &s.clone_htod(&cos_sin).unwrap(),
@@ -512,7 +513,7 @@ fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
             let mut q_out = s.alloc_zeros::<bf16>(c.tokens * c.q_heads * dd).unwrap();
             let mut kc = s.clone_htod(&cache.k).unwrap();
             let mut vc = s.clone_htod(&cache.v).unwrap();
-            qk_norm_rope_cache(k, &inputs, &mut q_out, &mut kc, &mut vc, &p).unwrap();
+            qk_norm_rope_cache(k, &inputs, dev_mut(k, &mut q_out), &mut kc, &mut vc, &p).unwrap();
             let got_q = s.clone_dtoh(&q_out).unwrap();
             let got_k = s.clone_dtoh(&kc).unwrap();
             let got_v = s.clone_dtoh(&vc).unwrap();
@@ -591,16 +592,8 @@ fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> 
         s.clone_htod(&cache.v).unwrap(),
     );
     let mut out = s.alloc_zeros::<bf16>(q.len()).unwrap();
-    attention_prefill(
-        k,
-        &mut out,
-        &s.clone_htod(q).unwrap(),
-        &kc,
-        &vc,
-        &blocks,
-        &p,
-    )
-    .unwrap();
+    let q = s.clone_htod(q).unwrap();
+    attention_prefill(k, dev_mut(k, &mut out), dev(k, &q), &kc, &vc, &blocks, &p).unwrap();
     s.clone_dtoh(&out).unwrap()
 }
 
@@ -752,10 +745,11 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     eps: 1e-6,
                     weight_offset: 0.0,
                 };
+                let qkv_dev = s
+                    .clone_htod(&qkv[start * width..(start + t) * width])
+                    .unwrap();
                 let inputs = QkNormRopeInputs {
-                    qkv: &s
-                        .clone_htod(&qkv[start * width..(start + t) * width])
-                        .unwrap(),
+                    qkv: dev(&k, &qkv_dev),
                     q_norm: &q_norm,
                     k_norm: &k_norm,
                     cos_sin: &cos_sin,
@@ -763,7 +757,7 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     blocks,
                 };
                 let mut q = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                qk_norm_rope_cache(&k, &inputs, &mut q, &mut kc, &mut vc, &p).unwrap();
+                qk_norm_rope_cache(&k, &inputs, dev_mut(&k, &mut q), &mut kc, &mut vc, &p).unwrap();
                 let ap = AttentionPrefillParams {
                     tokens: t,
                     q_heads,
@@ -773,7 +767,8 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     softmax_scale: AttentionPrefillParams::default_scale(head_dim),
                 };
                 let mut o = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                attention_prefill(&k, &mut o, &q, &kc, &vc, &blocks, &ap).unwrap();
+                attention_prefill(&k, dev_mut(&k, &mut o), dev(&k, &q), &kc, &vc, &blocks, &ap)
+                    .unwrap();
                 all_q.extend(s.clone_dtoh(&q).unwrap());
                 all_o.extend(s.clone_dtoh(&o).unwrap());
                 start += t;
@@ -822,7 +817,7 @@ fn gpu_attention_prefill_timings() {
     let q = s
         .clone_htod(&random_bf16(&mut rng, tokens * q_heads * head_dim, 2.0))
         .unwrap();
-    let dev: Vec<_> = caches
+    let on_device: Vec<_> = caches
         .iter()
         .map(|c| {
             (
@@ -842,13 +837,13 @@ fn gpu_attention_prefill_timings() {
         softmax_scale: AttentionPrefillParams::default_scale(head_dim),
     };
     let ms = time_ms(&k, 5, || {
-        for (table, kc, vc) in &dev {
+        for (table, kc, vc) in &on_device {
             let blocks = BlockTable {
                 table,
                 offset: 0,
                 len: table.len(),
             };
-            attention_prefill(&k, &mut out, &q, kc, vc, &blocks, &p).unwrap();
+            attention_prefill(&k, dev_mut(&k, &mut out), dev(&k, &q), kc, vc, &blocks, &p).unwrap();
         }
     });
     // Causal: query t sees t + 1 keys; 4 flops per (query head, key, dim) for QK^T and PV.
@@ -892,8 +887,8 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     };
     let e = err(attention_prefill(
         &k,
-        &mut out,
-        &a,
+        dev_mut(&k, &mut out),
+        dev(&k, &a),
         &cache,
         &cache,
         &blocks,
@@ -902,8 +897,8 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     assert!(e.contains("need 3 cache blocks"), "{e}");
     let e = err(attention_prefill(
         &k,
-        &mut out,
-        &a,
+        dev_mut(&k, &mut out),
+        dev(&k, &a),
         &cache,
         &cache,
         &blocks,
@@ -912,8 +907,8 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     assert!(e.contains("head_dim 96"), "{e}");
     let e = err(attention_prefill(
         &k,
-        &mut out,
-        &a,
+        dev_mut(&k, &mut out),
+        dev(&k, &a),
         &cache,
         &cache,
         &blocks,
@@ -926,8 +921,8 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     };
     let e = err(attention_prefill(
         &k,
-        &mut out,
-        &a,
+        dev_mut(&k, &mut out),
+        dev(&k, &a),
         &cache,
         &cache,
         &past,
@@ -940,7 +935,7 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     let w = s.alloc_zeros::<bf16>(64).unwrap();
     let (mut kc, mut vc) = (cache.clone(), cache.clone());
     let inputs = QkNormRopeInputs {
-        qkv: &qkv,
+        qkv: dev(&k, &qkv),
         q_norm: &w,
         k_norm: &w,
         cos_sin: &cos_sin,
@@ -958,7 +953,12 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
         weight_offset: 0.0,
     };
     let e = err(qk_norm_rope_cache(
-        &k, &inputs, &mut out, &mut kc, &mut vc, &np,
+        &k,
+        &inputs,
+        dev_mut(&k, &mut out),
+        &mut kc,
+        &mut vc,
+        &np,
     ));
     assert!(e.contains("run past the cos/sin table of 20"), "{e}");
     s.synchronize().unwrap();

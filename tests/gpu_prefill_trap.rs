@@ -7,6 +7,8 @@ use aot_kernels::dispatch::{load_modules, open_device, ModuleSource, Policy};
 use aot_kernels::ops::kv_cache::{block_elements, BlockTable};
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rotary::cos_sin_cache;
+use aot_kernels::ops::{dev, dev_mut};
+use cudarc::driver::CudaSlice;
 use half::bf16;
 
 #[test]
@@ -35,10 +37,10 @@ fn gpu_block_id_outside_the_cache_traps() {
         .alloc_zeros::<bf16>(2 * block_elements(1, head_dim))
         .unwrap();
     let mut vc = kc.clone();
-    let run = |table: &[i32], kc: &mut _, vc: &mut _, q: &mut _| {
+    let run = |table: &[i32], kc: &mut _, vc: &mut _, q: &mut CudaSlice<bf16>| {
         let table = s.clone_htod(table).unwrap();
         let inputs = QkNormRopeInputs {
-            qkv: &qkv,
+            qkv: dev(&k, &qkv),
             q_norm: &w,
             k_norm: &w,
             cos_sin: &cos_sin,
@@ -49,7 +51,7 @@ fn gpu_block_id_outside_the_cache_traps() {
                 len: 2,
             },
         };
-        let launched = qk_norm_rope_cache(&k, &inputs, q, kc, vc, &p);
+        let launched = qk_norm_rope_cache(&k, &inputs, dev_mut(&k, q), kc, vc, &p);
         (launched, s.synchronize())
     };
     // In range first: the same call succeeds.

@@ -33,6 +33,7 @@ fn gpu_runner(
     toolchain: ToolchainChoice,
     graphs: bool,
     kv: usize,
+    prefill_tokens: usize,
 ) -> GpuRunner {
     GpuRunner::new(
         config,
@@ -44,6 +45,7 @@ fn gpu_runner(
             graphs,
             max_context: 2048,
             toolchain,
+            prefill_tokens,
         },
         &mut |_| {},
     )
@@ -87,17 +89,28 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
         // The CUDA 12.9 images (what a 12.x driver runs) go through the same checks on this
         // driver: the oracle, batching, chunking, and the same bits as the CUDA 13 images.
         let cuda12 = ToolchainChoice::Major(12);
-        for (policy, toolchain, graphs) in [
-            (Policy::Auto, newest, true),
-            (Policy::Auto, newest, false),
-            (Policy::PtxOnly, newest, true),
-            (Policy::PtxOnly, newest, false),
-            (Policy::Auto, cuda12, true),
-            (Policy::PtxOnly, cuda12, true),
+        // Prefill passes of 4096 rows pack every prompt of a step into one pass; 97 rows cut
+        // prompts across passes at odd places, and 8 rows (graphs off) cut every prompt: the bits
+        // must not change (checked against the first configuration below).
+        for (policy, toolchain, graphs, pass_rows) in [
+            (Policy::Auto, newest, true, 4096),
+            (Policy::Auto, newest, false, 8),
+            (Policy::PtxOnly, newest, true, 97),
+            (Policy::PtxOnly, newest, false, 4096),
+            (Policy::Auto, cuda12, true, 4096),
+            (Policy::PtxOnly, cuda12, true, 4096),
         ] {
-            let mut runner = gpu_runner(&config, &weights, policy, toolchain, graphs, 256 << 20);
+            let mut runner = gpu_runner(
+                &config,
+                &weights,
+                policy,
+                toolchain,
+                graphs,
+                256 << 20,
+                pass_rows,
+            );
             let label = format!(
-                "{} [{policy}, {toolchain}, graphs {}]",
+                "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}]",
                 f.name,
                 if graphs { "on" } else { "off" }
             );
@@ -238,6 +251,7 @@ fn gpu_qwen3_4b_synthetic_same_tokens_with_and_without_graphs_and_under_both_pol
             ToolchainChoice::Newest,
             graphs,
             4 << 30,
+            if graphs { 4096 } else { 100 },
         );
         let reqs: Vec<Request> = prompts.iter().map(|p| Request::greedy(p, new)).collect();
         let batch = run(&mut runner, &reqs, Some(512)).unwrap();

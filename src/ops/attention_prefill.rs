@@ -11,7 +11,9 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 
 use super::kv_cache::{cache_blocks, cache_offset, BlockTable, KV_BLOCK_TOKENS};
-use super::launch::{check_len, grid_dim, launch, to_i32, Arg, OpsError, MAX_GRID_X};
+use super::launch::{
+    check_view, grid_dim, launch, to_i32, Arg, DevMut, DevRef, OpsError, MAX_GRID_X,
+};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "attention_prefill";
@@ -138,14 +140,15 @@ pub fn attention_prefill_reference(
         .collect()
 }
 
-/// Runs causal prefill attention on the GPU: `out` and `q` are `[tokens, q_heads, head_dim]`,
-/// the caches one layer holding every position up to `start_pos + tokens - 1` at the rows the
-/// block-table row `blocks` gives (the caller wrote them, this chunk's too). The block table must
+/// Runs causal prefill attention on the GPU: `out` and `q` are `[tokens, q_heads, head_dim]`
+/// (views, so that one sequence's rows of a packed batch can be passed), the caches one layer
+/// holding every position up to `start_pos + tokens - 1` at the rows the block-table row `blocks`
+/// gives (the caller wrote them, this chunk's too). The block table must
 /// cover those positions (checked here); a block id outside the cache makes the kernel trap.
 pub fn attention_prefill(
     kernels: &LoadedKernels,
-    out: &mut CudaSlice<bf16>,
-    q: &CudaSlice<bf16>,
+    out: DevMut<'_, bf16>,
+    q: DevRef<'_, bf16>,
     k_cache: &CudaSlice<bf16>,
     v_cache: &CudaSlice<bf16>,
     blocks: &BlockTable<'_>,
@@ -173,8 +176,8 @@ pub fn attention_prefill(
         ));
     }
     let end = p.start_pos.saturating_add(p.tokens);
-    check_len(op, "q", q, &[p.tokens, p.q_heads, p.head_dim])?;
-    check_len(op, "out", out, &[p.tokens, p.q_heads, p.head_dim])?;
+    check_view(op, "q", q.len(), &[p.tokens, p.q_heads, p.head_dim])?;
+    check_view(op, "out", out.len(), &[p.tokens, p.q_heads, p.head_dim])?;
     let num_blocks = cache_blocks(op, k_cache, v_cache, p.kv_heads, p.head_dim)?;
     let (table_offset, table_len) = blocks.check(op, end)?;
     // Row indices (token x group) and positions stay within 32 bits.
@@ -197,8 +200,8 @@ pub fn attention_prefill(
         name,
         cfg,
         &mut [
-            Arg::Out(out),
-            Arg::In(q),
+            Arg::U64(out.addr()),
+            Arg::U64(q.addr()),
             Arg::In(k_cache),
             Arg::In(v_cache),
             Arg::InI32(blocks.table),

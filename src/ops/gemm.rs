@@ -123,7 +123,7 @@ pub fn gemm_bf16(
 ) -> Result<(), OpsError> {
     let op = "gemm_bf16";
     let cfg = checked_config(op, a, w, s)?;
-    check_rows(op, "c", c, s.m, s.n, s.ldc)?;
+    check_rows(op, "c", c.len(), s.m, s.n, s.ldc)?;
     let mut args = args(s, a, w);
     args.insert(0, Arg::Out(c));
     launch(kernels, op, MODULE, ENTRY_BF16, cfg, &mut args)
@@ -139,7 +139,7 @@ pub fn gemm_bf16_f32out(
 ) -> Result<(), OpsError> {
     let op = "gemm_bf16_f32out";
     let cfg = checked_config(op, a, w, s)?;
-    check_rows(op, "c", c, s.m, s.n, s.ldc)?;
+    check_rows(op, "c", c.len(), s.m, s.n, s.ldc)?;
     let mut args = args(s, a, w);
     args.insert(0, Arg::OutF32(c));
     launch(kernels, op, MODULE, ENTRY_F32, cfg, &mut args)
@@ -152,8 +152,8 @@ fn checked_config(
     s: &GemmShape,
 ) -> Result<LaunchConfig, OpsError> {
     s.check(op)?;
-    check_rows(op, "a", a, s.m, s.k, s.lda)?;
-    check_rows(op, "w", w, s.n, s.k, s.ldw)?;
+    check_rows(op, "a", a.len(), s.m, s.k, s.lda)?;
+    check_rows(op, "w", w.len(), s.n, s.k, s.ldw)?;
     s.config(op)
 }
 

@@ -108,11 +108,12 @@ pub(crate) fn check_len<T>(
     Ok(())
 }
 
-/// Checks that `slice` holds `rows` rows of `row_len` elements whose starts are `stride` apart.
-pub(crate) fn check_rows<T>(
+/// Checks that a buffer of `len` elements holds `rows` rows of `row_len` elements whose starts
+/// are `stride` apart.
+pub(crate) fn check_rows(
     op: &'static str,
     what: &str,
-    slice: &CudaSlice<T>,
+    len: usize,
     rows: usize,
     row_len: usize,
     stride: usize,
@@ -133,12 +134,11 @@ pub(crate) fn check_rows<T>(
                 message: format!("`{what}`: {rows} rows {stride} apart overflow the address space"),
             })?,
     };
-    if slice.len() < want {
+    if len < want {
         return Err(OpsError::Shape {
             op,
             message: format!(
-                "`{what}` holds {} elements, {rows} rows of {row_len} with stride {stride} need {want}",
-                slice.len()
+                "`{what}` holds {len} elements, {rows} rows of {row_len} with stride {stride} need {want}"
             ),
         });
     }

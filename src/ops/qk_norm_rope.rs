@@ -11,7 +11,10 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 
 use super::kv_cache::{cache_blocks, cache_offset, BlockTable, KV_BLOCK_TOKENS};
-use super::launch::{check_len, check_rows, grid_dim, launch, to_i32, Arg, OpsError, MAX_GRID_X};
+use super::launch::{
+    check_len, check_rows, check_view, grid_dim, launch, to_i32, Arg, DevMut, DevRef, OpsError,
+    MAX_GRID_X,
+};
 use super::rmsnorm::{rmsnorm_reference, RmsNormParams};
 use super::rotary::{rotary_neox_reference, RotaryParams};
 use crate::dispatch::LoadedKernels;
@@ -43,11 +46,12 @@ impl QkNormRopeParams {
     }
 }
 
-/// The device inputs: the projection output, the two norm weights (`head_dim` each), the cos/sin
-/// table (`max_position` rows of `head_dim`) and the sequence's block-table row.
+/// The device inputs: the projection output (a view, so that one sequence's rows of a packed
+/// batch can be passed), the two norm weights (`head_dim` each), the cos/sin table
+/// (`max_position` rows of `head_dim`) and the sequence's block-table row.
 #[derive(Debug, Clone, Copy)]
 pub struct QkNormRopeInputs<'a> {
-    pub qkv: &'a CudaSlice<bf16>,
+    pub qkv: DevRef<'a, bf16>,
     pub q_norm: &'a CudaSlice<bf16>,
     pub k_norm: &'a CudaSlice<bf16>,
     pub cos_sin: &'a CudaSlice<f32>,
@@ -118,7 +122,7 @@ pub fn qk_norm_rope_cache_reference(
 pub fn qk_norm_rope_cache(
     kernels: &LoadedKernels,
     inputs: &QkNormRopeInputs<'_>,
-    q_out: &mut CudaSlice<bf16>,
+    q_out: DevMut<'_, bf16>,
     k_cache: &mut CudaSlice<bf16>,
     v_cache: &mut CudaSlice<bf16>,
     p: &QkNormRopeParams,
@@ -138,7 +142,14 @@ pub fn qk_norm_rope_cache(
             p.start_pos, inputs.max_position
         ));
     }
-    check_rows(op, "qkv", inputs.qkv, p.tokens, p.row_len(), p.qkv_stride)?;
+    check_rows(
+        op,
+        "qkv",
+        inputs.qkv.len(),
+        p.tokens,
+        p.row_len(),
+        p.qkv_stride,
+    )?;
     check_len(op, "q_norm", inputs.q_norm, &[p.head_dim])?;
     check_len(op, "k_norm", inputs.k_norm, &[p.head_dim])?;
     check_len(
@@ -147,7 +158,7 @@ pub fn qk_norm_rope_cache(
         inputs.cos_sin,
         &[inputs.max_position, p.head_dim],
     )?;
-    check_len(op, "q_out", q_out, &[p.tokens, p.q_heads, p.head_dim])?;
+    check_view(op, "q_out", q_out.len(), &[p.tokens, p.q_heads, p.head_dim])?;
     let num_blocks = cache_blocks(op, k_cache, v_cache, p.kv_heads, p.head_dim)?;
     let (table_offset, table_len) = inputs.blocks.check(op, end)?;
     let head_groups = (p.q_heads + 2 * p.kv_heads).div_ceil(HEADS_PER_BLOCK);
@@ -167,10 +178,10 @@ pub fn qk_norm_rope_cache(
         ENTRY,
         cfg,
         &mut [
-            Arg::Out(q_out),
+            Arg::U64(q_out.addr()),
             Arg::Out(k_cache),
             Arg::Out(v_cache),
-            Arg::In(inputs.qkv),
+            Arg::U64(inputs.qkv.addr()),
             Arg::In(inputs.q_norm),
             Arg::In(inputs.k_norm),
             Arg::InF32(inputs.cos_sin),

@@ -257,7 +257,7 @@ pub fn sample_tokens(
     check_rows(
         op,
         "logits",
-        logits,
+        logits.len(),
         shape.rows,
         shape.vocab,
         shape.row_stride,

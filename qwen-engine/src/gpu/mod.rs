@@ -19,6 +19,7 @@
 //! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens.
 
 pub mod graphs;
+mod packing;
 pub mod prefill;
 pub mod weights;
 
@@ -65,6 +66,9 @@ pub struct GpuOptions {
     /// Which toolchains' images the dispatcher may pick (`cuda12`: what a 12.x driver gets, to
     /// test those images on a 13.x driver).
     pub toolchain: ToolchainChoice,
+    /// Rows of one packed prefill pass: the prompt chunks of a step share passes of this many
+    /// tokens (default [`prefill::PREFILL_TOKENS`]); sizes the prefill activations.
+    pub prefill_tokens: usize,
 }
 
 /// Counters for the report.
@@ -279,7 +283,7 @@ impl GpuRunner {
         let ld_bt = max_pos.div_ceil(KV_BLOCK_SIZE);
         let slots = options.slots.max(1);
         let block_table = zeros_i32(slots * ld_bt, "block tables")?;
-        let pf = prefill::PrefillBuffers::new(&k, cfg)?;
+        let pf = prefill::PrefillBuffers::new(&k, cfg, options.prefill_tokens)?;
 
         // The KV cache: what the budget holds, but no more than every slot at full context.
         let (free, _) = k
@@ -681,15 +685,23 @@ impl Runner for GpuRunner {
                 }
             }
         }
-        // Prompt chunks: the prefill path (GEMMs over the chunk), one request at a time.
-        for (j, sq) in plan.seqs.iter().enumerate().filter(|(_, sq)| sq.prefill) {
-            let (token, logits) = self.prefill(
-                sq.slot,
-                sq.tokens,
-                sq.start_pos,
-                sq.sample,
-                plan.want_logits,
-            )?;
+        // Prompt chunks: the prefill path, every sequence's chunk packed into shared passes.
+        let prompt: Vec<usize> = (0..plan.seqs.len())
+            .filter(|&j| plan.seqs[j].prefill)
+            .collect();
+        let chunks: Vec<prefill::PromptChunk> = prompt
+            .iter()
+            .map(|&j| {
+                let sq = &plan.seqs[j];
+                prefill::PromptChunk {
+                    slot: sq.slot,
+                    tokens: sq.tokens,
+                    start_pos: sq.start_pos,
+                    sample: sq.sample,
+                }
+            })
+            .collect();
+        for (&j, (token, logits)) in prompt.iter().zip(self.prefill(&chunks, plan.want_logits)?) {
             out.tokens[j] = token;
             out.logits[j] = logits;
         }

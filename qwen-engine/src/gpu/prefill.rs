@@ -1,17 +1,20 @@
-//! Prompt tokens on the GPU: tensor-core GEMMs over a chunk of up to `PREFILL_TOKENS` tokens of
-//! one request, causal attention over its paged cache, and the norms and activation between them:
+//! Prompt tokens on the GPU: tensor-core GEMMs over the prompt chunks of every sequence of a step,
+//! packed into passes of up to [`GpuOptions::prefill_tokens`](super::GpuOptions) rows
+//! ([`packing`](super::packing)), causal attention per sequence over its paged cache, and the
+//! norms and activation between them:
 //!
 //! ```text
 //! h = embed[tokens];  x = rmsnorm(h) * w_in[0]
-//! per layer:  qkv = x Wqkv^T -> q/k norm, RoPE, k and v into the cache;  a = attention(q, cache)
+//! per layer:  qkv = x Wqkv^T -> per sequence: q/k norm, RoPE, k and v into its cache;
+//!                                             a = attention(q, its cache)
 //!             o = a Wo^T;  x = rmsnorm(h += o) * w_post;  act = silu(x Wg^T) * (x Wu^T)
 //!             d = act Wd^T;  x = rmsnorm(h += d) * w_in[next] (or w_final)
-//! logits of the last token = x[last] E^T, then the sample
+//! per sequence that samples: logits of its last token = x[last] E^T, then the sample
 //! ```
 //!
-//! Each token's result depends only on its own row and the cache (GEMM rows are independent of
-//! how many rows a launch has; attention walks keys in tiles fixed by absolute position), so a
-//! prompt gives the same bits however it is chunked.
+//! Each token's result depends only on its own row and its sequence's cache (GEMM rows are
+//! independent of how many rows a launch has; attention walks keys in tiles fixed by absolute
+//! position), so a prompt gives the same bits however it is chunked and whatever it is packed with.
 
 use aot_kernels::device::CudaSlice;
 use aot_kernels::ops::activation::silu_and_mul;
@@ -25,15 +28,20 @@ use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use half::bf16;
 
+use super::packing::{pack, Piece};
 use super::{dev_err, ops_err, GpuRunner};
 use crate::config::Qwen3Config;
 use crate::runner::{RunnerError, SampleRequest};
 
-/// Most prompt tokens one prefill launch sequence carries (longer chunks are cut).
-pub const PREFILL_TOKENS: usize = 512;
+/// The default of [`GpuOptions::prefill_tokens`](super::GpuOptions): rows of one packed prefill
+/// pass. 4096 rows keep the H200's 132 SMs busy in every Qwen3-4B GEMM (the narrowest, o_proj and
+/// down, are 320 tiles) and cost about 92 KB of activations a row for Qwen3-4B (380 MB).
+pub const PREFILL_TOKENS: usize = 4096;
 
-/// Activations of a prefill chunk.
+/// Activations of a prefill pass.
 pub(super) struct PrefillBuffers {
+    /// Rows a pass may carry.
+    rows: usize,
     tokens: CudaSlice<i32>,
     h: CudaSlice<bf16>,
     x: CudaSlice<bf16>,
@@ -48,11 +56,13 @@ impl PrefillBuffers {
     pub(super) fn new(
         k: &aot_kernels::dispatch::LoadedKernels,
         c: &Qwen3Config,
+        rows: usize,
     ) -> Result<Self, RunnerError> {
         let s = k.stream();
-        let t = PREFILL_TOKENS;
+        let t = rows.max(1);
         let z = |n: usize| s.alloc_zeros::<bf16>(n).map_err(dev_err("prefill buffers"));
         Ok(PrefillBuffers {
+            rows: t,
             tokens: s
                 .alloc_zeros::<i32>(t)
                 .map_err(dev_err("prefill buffers"))?,
@@ -67,44 +77,64 @@ impl PrefillBuffers {
     }
 }
 
+/// One sequence's prompt chunk in a step.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PromptChunk<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start_pos: usize,
+    /// Draw a token after the chunk's last token (the prompt's last chunk).
+    pub sample: Option<SampleRequest>,
+}
+
+/// What prefill returns per chunk: the sampled token (chunks that sample) and, when asked, its
+/// logits.
+pub(super) type ChunkOutput = (Option<u32>, Vec<f32>);
+
 impl GpuRunner {
-    /// Appends `tokens` at `start_pos` to `slot`'s cache; with `sample`, returns the token drawn
-    /// after the last one (and its logits when `want_logits`).
+    /// Appends every chunk's tokens to its slot's cache, in packed passes; for each chunk that
+    /// samples, returns the token drawn after its last token (and its logits when `want_logits`).
     pub(super) fn prefill(
         &mut self,
-        slot: usize,
-        tokens: &[u32],
-        start_pos: usize,
-        sample: Option<SampleRequest>,
+        chunks: &[PromptChunk<'_>],
         want_logits: bool,
-    ) -> Result<(Option<u32>, Vec<f32>), RunnerError> {
-        let mut at = 0;
-        while at < tokens.len() {
-            let n = (tokens.len() - at).min(PREFILL_TOKENS);
-            self.prefill_launches(slot, &tokens[at..at + n], start_pos + at)
-                .map_err(ops_err)?;
-            at += n;
+    ) -> Result<Vec<ChunkOutput>, RunnerError> {
+        let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+        let mut out: Vec<ChunkOutput> = vec![(None, Vec::new()); chunks.len()];
+        for pass in pack(&lens, self.pf.rows) {
+            self.prefill_launches(chunks, &pass).map_err(ops_err)?;
+            // A chunk whose last token is in this pass samples now, before the next pass
+            // overwrites the rows.
+            for piece in &pass {
+                let c = &chunks[piece.seq];
+                if let (true, Some(sample)) = (piece.end() == c.tokens.len(), c.sample) {
+                    out[piece.seq] =
+                        self.sample_prefill_row(piece.row + piece.len - 1, sample, want_logits)?;
+                }
+            }
         }
-        let Some(sample) = sample else {
-            return Ok((None, Vec::new()));
-        };
-        let last = (tokens.len() - 1) % PREFILL_TOKENS;
-        self.sample_prefill_row(last, sample, want_logits)
+        Ok(out)
     }
 
+    /// One packed pass: the pieces' tokens at consecutive rows.
     fn prefill_launches(
         &mut self,
-        slot: usize,
-        tokens: &[u32],
-        start_pos: usize,
+        chunks: &[PromptChunk<'_>],
+        pass: &[Piece],
     ) -> Result<(), OpsError> {
         let c = &self.cfg;
         let k = &self.k;
         let p = &mut self.pf;
-        let t = tokens.len();
+        let t: usize = pass.iter().map(|piece| piece.len).sum();
         let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (qkv_dim, q_dim) = (c.qkv_dim(), c.q_dim());
         let eps = c.rms_norm_eps as f32;
-        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let ids: Vec<i32> = pass
+            .iter()
+            .flat_map(|piece| &chunks[piece.seq].tokens[piece.from..piece.end()])
+            .map(|&x| x as i32)
+            .collect();
         k.stream()
             .memcpy_htod(&ids, &mut p.tokens.slice_mut(0..t))
             .map_err(|source| OpsError::Driver {
@@ -129,11 +159,6 @@ impl GpuRunner {
             weight_offset: 0.0,
         };
         rmsnorm(k, &mut p.x, &p.h, &self.w.layers[0].input_norm, &norm(t))?;
-        let blocks = BlockTable {
-            table: &self.block_table,
-            offset: slot * self.ld_bt,
-            len: self.ld_bt,
-        };
         let layers = self.w.layers.len();
         for (l, lw) in self.w.layers.iter().enumerate() {
             gemm_bf16(
@@ -141,56 +166,59 @@ impl GpuRunner {
                 &mut p.qkv,
                 &p.x,
                 &lw.qkv,
-                &GemmShape::dense(t, c.qkv_dim(), h),
+                &GemmShape::dense(t, qkv_dim, h),
             )?;
-            qk_norm_rope_cache(
-                k,
-                &QkNormRopeInputs {
-                    qkv: &p.qkv,
-                    q_norm: &lw.q_norm,
-                    k_norm: &lw.k_norm,
-                    cos_sin: &self.rope,
-                    max_position: self.max_pos,
-                    blocks,
-                },
-                &mut p.q,
-                &mut self.k_cache[l],
-                &mut self.v_cache[l],
-                &QkNormRopeParams {
-                    tokens: t,
-                    q_heads: c.num_attention_heads,
-                    kv_heads: c.num_key_value_heads,
-                    head_dim: c.head_dim,
-                    qkv_stride: c.qkv_dim(),
-                    start_pos,
-                    eps,
-                    weight_offset: 0.0,
-                },
-            )?;
-            attention_prefill(
-                k,
-                &mut p.attn,
-                &p.q,
-                &self.k_cache[l],
-                &self.v_cache[l],
-                &blocks,
-                &AttentionPrefillParams {
-                    tokens: t,
-                    q_heads: c.num_attention_heads,
-                    kv_heads: c.num_key_value_heads,
-                    head_dim: c.head_dim,
-                    start_pos,
-                    softmax_scale: 1.0 / (c.head_dim as f32).sqrt(),
-                },
-            )?;
+            for piece in pass {
+                let chunk = &chunks[piece.seq];
+                let blocks = BlockTable {
+                    table: &self.block_table,
+                    offset: chunk.slot * self.ld_bt,
+                    len: self.ld_bt,
+                };
+                let start_pos = chunk.start_pos + piece.from;
+                qk_norm_rope_cache(
+                    k,
+                    &QkNormRopeInputs {
+                        qkv: dev(k, &p.qkv).skip(piece.row * qkv_dim)?,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        cos_sin: &self.rope,
+                        max_position: self.max_pos,
+                        blocks,
+                    },
+                    dev_mut(k, &mut p.q).skip(piece.row * q_dim)?,
+                    &mut self.k_cache[l],
+                    &mut self.v_cache[l],
+                    &QkNormRopeParams {
+                        tokens: piece.len,
+                        q_heads: c.num_attention_heads,
+                        kv_heads: c.num_key_value_heads,
+                        head_dim: c.head_dim,
+                        qkv_stride: qkv_dim,
+                        start_pos,
+                        eps,
+                        weight_offset: 0.0,
+                    },
+                )?;
+                attention_prefill(
+                    k,
+                    dev_mut(k, &mut p.attn).skip(piece.row * q_dim)?,
+                    dev(k, &p.q).skip(piece.row * q_dim)?,
+                    &self.k_cache[l],
+                    &self.v_cache[l],
+                    &blocks,
+                    &AttentionPrefillParams {
+                        tokens: piece.len,
+                        q_heads: c.num_attention_heads,
+                        kv_heads: c.num_key_value_heads,
+                        head_dim: c.head_dim,
+                        start_pos,
+                        softmax_scale: 1.0 / (c.head_dim as f32).sqrt(),
+                    },
+                )?;
+            }
             // x <- o = attn Wo^T, then x <- rmsnorm(h += o) * w_post.
-            gemm_bf16(
-                k,
-                &mut p.x,
-                &p.attn,
-                &lw.o,
-                &GemmShape::dense(t, h, c.q_dim()),
-            )?;
+            gemm_bf16(k, &mut p.x, &p.attn, &lw.o, &GemmShape::dense(t, h, q_dim))?;
             fused_add_rmsnorm(k, &mut p.x, &mut p.h, &lw.post_norm, &norm(t))?;
             gemm_bf16(
                 k,
@@ -211,7 +239,7 @@ impl GpuRunner {
         Ok(())
     }
 
-    /// lm_head on row `row` of the last chunk's final-normed hidden states, then the sample.
+    /// lm_head on row `row` of the last pass's final-normed hidden states, then the sample.
     fn sample_prefill_row(
         &mut self,
         row: usize,

@@ -25,6 +25,7 @@ use qwen_engine::bench::report::{
 };
 use qwen_engine::config::Qwen3Config;
 use qwen_engine::engine::{Engine, EngineOptions};
+use qwen_engine::gpu::prefill::PREFILL_TOKENS;
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
 use qwen_engine::scheduler::{Event, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
@@ -60,6 +61,9 @@ pub struct BenchArgs {
     /// Launch eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
+    /// Rows of a packed prefill pass on the GPU (the prompt chunks of a step share passes).
+    #[arg(long, default_value_t = PREFILL_TOKENS)]
+    prefill_tokens: usize,
     #[arg(long, default_value = "16GiB")]
     kv_budget: String,
     /// Bytes the streaming-read kernel reads per run.
@@ -365,6 +369,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             max_context: (max_input + args.warmup + args.primer + args.new_tokens + 64)
                 .next_power_of_two(),
             toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
+            prefill_tokens: args.prefill_tokens,
         };
         let setup = Instant::now();
         let runner =

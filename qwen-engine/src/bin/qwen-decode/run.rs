@@ -10,6 +10,7 @@ use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::engine::{Engine, EngineOptions};
+use qwen_engine::gpu::prefill::PREFILL_TOKENS;
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
 use qwen_engine::kv;
 use qwen_engine::runner::{DeviceKind, Runner};
@@ -77,6 +78,9 @@ pub struct RunArgs {
     /// Prompt tokens per prefill step.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Rows of a packed prefill pass on the GPU (the prompt chunks of a step share passes).
+    #[arg(long, default_value_t = PREFILL_TOKENS)]
+    prefill_tokens: usize,
     /// Seed of the synthetic weights (tiny, qwen3-4b).
     #[arg(long, default_value_t = 0)]
     weights_seed: u64,
@@ -184,6 +188,7 @@ fn build_runner(
                     .max_context
                     .unwrap_or(src.config.max_position_embeddings.min(32_768)),
                 toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
+                prefill_tokens: args.prefill_tokens,
             };
             let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
