@@ -15,16 +15,15 @@
 // function of its own length only, so a sequence's result never depends on what else is in the
 // batch); blocks past a sequence's split count return at once. A split's four warps take its cache
 // blocks in turn (at head dimension 64 and 128 each loads its next block while it scores the
-// current one; at 256 a block's registers leave no room for two): q.k on tensor cores (a 16-token
-// block against up to 8 query heads is one m16n8k16 mma per 16 dims), p.v on CUDA cores. Each
-// split keeps an online softmax (fp32, base 2) per query head; when a sequence has more than one
-// split, the last block to finish merges the partials in split order.
+// current one; at 256 a block's registers leave no room for two), both products on tensor cores:
+// q.k is S^T = K Q^T (a 16-token block against up to 8 query heads, one m16n8k16 mma per 16 dims)
+// and p.v is O^T += V^T P^T (one mma per 16 dims, the probabilities rounded to bf16 as flash
+// attention does). Each split keeps an online softmax (fp32, base 2) per query head; when a
+// sequence has more than one split, the last block to finish merges the partials in split order.
 //
 // Cache layout per layer: [blocks][kv_heads][16][d] bf16 for K and for V.
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
-
-#include <cuda/std/type_traits>
 
 // A named namespace: nvcc names anonymous-namespace symbols after a per-run unique id, which
 // would make the PTX (and the lock) differ between builds.
@@ -108,20 +107,25 @@ __device__ __forceinline__ Splits attn_splits(int ctx) {
     return Splits{(ctx + per - 1) / per, per};
 }
 
-// One 16-token cache block as a lane holds it: the keys of tokens g and g + 8 (g = lane / 4) as
-// tensor-core A fragments (k[2c], k[2c + 1]: dims [32c + 8t, 32c + 8t + 8) of each, t = lane % 4),
-// and the lane's slice of every token's value row.
+// The tokens whose values lane t (= lane % 4) holds: 2t, 2t + 1, 2t + 8, 2t + 9, the columns of
+// an m16n8k16 A fragment.
+__device__ __forceinline__ int v_token(int t, int i) { return 2 * t + (i & 1) + 8 * (i >> 1); }
+
+// One 16-token cache block as a lane holds it (g = lane / 4, t = lane % 4):
+//   k[2c], k[2c + 1]: dims [32c + 8t, 32c + 8t + 8) of tokens g and g + 8, the A fragments of
+//     S^T = K Q^T (see aot_mma.cuh: a dot product may permute its reduction index);
+//   v[i][c]: dims [64c + 8g, 64c + 8g + 8) of token v_token(t, i), from which the A fragments of
+//     O^T = V^T P^T are built with one byte permute each. Fragment row g of the mma for dims pair
+//     j of chunk c is dim 64c + 8g + 2j, row g + 8 is dim 64c + 8g + 2j + 1: the output rows are a
+//     permutation of the dims, undone when the lane stores its part of O.
 template <int D>
 struct KvRegs {
-    static constexpr int kPerLane = D / 32;
-    using V = typename cuda::std::conditional<kPerLane == 8, uint4, typename cuda::std::conditional<kPerLane == 4, uint2, unsigned>::type>::type;
     uint4 k[D / 16];
-    V v[kBlockTokens];
+    uint4 v[4][D / 64];
 };
 
 template <int D>
 __device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base, int n_tok, KvRegs<D>& r) {
-    constexpr int kPerLane = D / 32;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2;
     const uint4* klo = reinterpret_cast<const uint4*>(p.k_cache + (base + g) * D + (lane & 3) * 8);
@@ -132,28 +136,25 @@ __device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base,
         r.k[2 * c] = g < n_tok ? klo[4 * c] : zero;
         r.k[2 * c + 1] = g + 8 < n_tok ? khi[4 * c] : zero;
     }
-    const __nv_bfloat16* vbase = p.v_cache + base * D + lane * kPerLane;
+    // Values past the block's last token are zero, not stale cache contents: their probability
+    // is 0, and 0 x NaN would poison the mma.
 #pragma unroll
-    for (int q = 0; q < kBlockTokens; ++q) {
-        using V = typename KvRegs<D>::V;
-        r.v[q] = q < n_tok ? *reinterpret_cast<const V*>(vbase + q * D) : V{};
+    for (int i = 0; i < 4; ++i) {
+        const int tok = v_token(lane & 3, i);
+        const uint4* vrow = reinterpret_cast<const uint4*>(p.v_cache + (base + tok) * D + 8 * g);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) r.v[i][c] = tok < n_tok ? vrow[8 * c] : zero;
     }
 }
 
-__device__ __forceinline__ void unpack_v(const uint4& v, float (&f)[8]) { aot::unpack8(v, f); }
-__device__ __forceinline__ void unpack_v(const uint2& v, float (&f)[4]) {
-    f[0] = aot::bf16_lo(v.x); f[1] = aot::bf16_hi(v.x); f[2] = aot::bf16_lo(v.y); f[3] = aot::bf16_hi(v.y);
-}
-__device__ __forceinline__ void unpack_v(const unsigned& v, float (&f)[2]) {
-    f[0] = aot::bf16_lo(v); f[1] = aot::bf16_hi(v);
-}
+// Word j (0..3) of a uint4, for indices fixed at compile time.
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
 // G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup.
 template <int D, int G>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQFloats = D + 8;          // floats per query head the host reserves (bf16 q uses half)
-    constexpr int kPerLane = D / 32;         // V dims per lane
     constexpr bool kPrefetch = D <= 128;     // registers for a whole cache block up front
     extern __shared__ float smem[];
     // The query heads in bf16, [kMaxGroup][D]: the B operand of the score mma.
@@ -162,7 +163,6 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     float* merge_o = p_s + kWarps * kBlockTokens * kMaxGroup;  // [warps][G][D]
     __shared__ float merge_m[kWarps][kMaxGroup];
     __shared__ float merge_l[kWarps][kMaxGroup];
-    __shared__ float alpha_s[kWarps][kMaxGroup];
     __shared__ unsigned is_last;
 
     const int kvh = blockIdx.x;
@@ -250,11 +250,17 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const float qscale = p.scale * kLog2e;  // scores in base 2
     float m_run[2] = {aot::neg_inf(), aot::neg_inf()};
     float l_run[2] = {0.0f, 0.0f};
-    float o[kMaxGroup][kPerLane];
+    // O^T accumulators, one mma tile per dims pair j of chunk c: [0], [1] = heads 2t, 2t + 1 at dim
+    // 64c + 8g + 2j; [2], [3] = the same heads at the next dim. The lane's heads are those of its
+    // running max and sum.
+    float o[D / 64][4][4];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int c = 0; c < D / 64; ++c) {
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) o[h][e] = 0.0f;
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[c][j][e] = 0.0f;
+        }
     }
 
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
@@ -290,11 +296,13 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
                         }
                     }
                 }
-                using V = typename KvRegs<D>::V;
-                const V fresh = *reinterpret_cast<const V*>(p.v_cache + (base + q) * D + lane * kPerLane);
+                const uint4* vrow = reinterpret_cast<const uint4*>(p.v_cache + (base + q) * D + 8 * g);
 #pragma unroll
-                for (int j = 0; j < kBlockTokens; ++j) {
-                    if (j == q) cur.v[j] = fresh;  // constant indices keep the block in registers
+                for (int i = 0; i < 4; ++i) {
+                    if (v_token(t, i) == q) {  // constant indices keep the block in registers
+#pragma unroll
+                        for (int c = 0; c < D / 64; ++c) cur.v[i][c] = vrow[8 * c];
+                    }
                 }
             }
         } else if (!kPrefetch) {
@@ -310,6 +318,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         const bool valid_hi = g + 8 < n_tok;
 
         // Online softmax of heads 2t + j over these 16 tokens: the 8 lanes that share t hold them.
+        float alpha[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const float s_lo = valid_lo ? acc[j] * qscale : aot::neg_inf();
@@ -318,41 +327,36 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 #pragma unroll
             for (int off = 4; off < 32; off <<= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, off));
             const float m_new = fmaxf(m_run[j], bmax);
-            const float alpha = m_run[j] == aot::neg_inf() ? 0.0f : exp2f(m_run[j] - m_new);
+            alpha[j] = m_run[j] == aot::neg_inf() ? 0.0f : exp2f(m_run[j] - m_new);
             const float p_lo = valid_lo ? exp2f(s_lo - m_new) : 0.0f;
             const float p_hi = valid_hi ? exp2f(s_hi - m_new) : 0.0f;
             float bsum = p_lo + p_hi;
 #pragma unroll
             for (int off = 4; off < 32; off <<= 1) bsum += __shfl_xor_sync(0xffffffffu, bsum, off);
-            l_run[j] = l_run[j] * alpha + bsum;
+            l_run[j] = l_run[j] * alpha[j] + bsum;
             m_run[j] = m_new;
             my_p[g * kMaxGroup + 2 * t + j] = p_lo;
             my_p[(g + 8) * kMaxGroup + 2 * t + j] = p_hi;
-            if (g == 0) alpha_s[warp][2 * t + j] = alpha;
         }
         __syncwarp();
-#pragma unroll
-        for (int h = 0; h < kMaxGroup; ++h) {
-            if (h < group) {
-                const float alpha = alpha_s[warp][h];
-#pragma unroll
-                for (int e = 0; e < kPerLane; ++e) o[h][e] *= alpha;
-            }
-        }
 
-        // o += p v: lane owns kPerLane consecutive dims of every query head.
+        // O^T = O^T * alpha + V^T P^T: P^T (16 tokens x 8 heads) is the B fragment, tokens 2t,
+        // 2t + 1, 2t + 8, 2t + 9 of head g, rounded to bf16.
+        const uint32_t pb0 = aot::pack_bf16x2(my_p[2 * t * kMaxGroup + g], my_p[(2 * t + 1) * kMaxGroup + g]);
+        const uint32_t pb1 = aot::pack_bf16x2(my_p[(2 * t + 8) * kMaxGroup + g], my_p[(2 * t + 9) * kMaxGroup + g]);
 #pragma unroll
-        for (int q = 0; q < kBlockTokens; ++q) {
-            if (q >= n_tok) break;
-            float vf[kPerLane];
-            unpack_v(cur.v[q], vf);
+        for (int c = 0; c < D / 64; ++c) {
 #pragma unroll
-            for (int h = 0; h < kMaxGroup; ++h) {
-                if (h < group) {
-                    const float pr = my_p[q * kMaxGroup + h];
-#pragma unroll
-                    for (int e = 0; e < kPerLane; ++e) o[h][e] += pr * vf[e];
-                }
+            for (int j = 0; j < 4; ++j) {
+                o[c][j][0] *= alpha[0];
+                o[c][j][1] *= alpha[1];
+                o[c][j][2] *= alpha[0];
+                o[c][j][3] *= alpha[1];
+                // Rows g / g + 8 are the low / high bf16 of word j; columns the four tokens.
+                const uint32_t w0 = word(cur.v[0][c], j), w1 = word(cur.v[1][c], j);
+                const uint32_t w2 = word(cur.v[2][c], j), w3 = word(cur.v[3][c], j);
+                aot::mma_bf16_16816(o[c][j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632),
+                                    __byte_perm(w2, w3, 0x5410), __byte_perm(w2, w3, 0x7632), pb0, pb1);
             }
         }
         __syncwarp();
@@ -369,10 +373,17 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         }
     }
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; ++h) {
+    for (int jh = 0; jh < 2; ++jh) {
+        const int h = 2 * t + jh;
         if (h >= group) continue;
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) merge_o[(warp * kMaxGroup + h) * D + lane * kPerLane + e] = o[h][e];
+        for (int c = 0; c < D / 64; ++c) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float* dst = merge_o + (warp * kMaxGroup + h) * D + 64 * c + 8 * g + 2 * j;
+                *reinterpret_cast<float2*>(dst) = make_float2(o[c][j][jh], o[c][j][2 + jh]);
+            }
+        }
     }
     __syncthreads();
     const bool single = sp.count == 1;
