@@ -13,7 +13,7 @@ use aot_kernels::dispatch::{
     load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
 };
 use aot_kernels::ops::attention::{
-    attention_decode, attention_decode_reference, attn_scratch_needs, attn_splits,
+    attention_decode, attention_decode_reference, attn_pipelined, attn_scratch_needs, attn_splits,
     qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS,
 };
 use aot_kernels::ops::compare::ulp_distance;
@@ -577,7 +577,7 @@ impl AttnInputs {
         }
     }
 
-    fn launch(&self, kr: &LoadedKernels, d: &mut AttnDevice, grid: usize) {
+    fn launch(&self, kr: &LoadedKernels, d: &mut AttnDevice, grid: usize, pipelined: bool) {
         attention_decode(
             kr,
             AttnDecode {
@@ -601,6 +601,7 @@ impl AttnInputs {
                 kv_heads: self.kv_heads,
                 head_dim: self.hd,
                 grid_splits: grid,
+                pipelined,
             },
             &mut AttnScratch {
                 ws_ml: dev_mut(kr, &mut d.ws_ml),
@@ -611,16 +612,17 @@ impl AttnInputs {
         .unwrap();
     }
 
-    /// Runs rows `rows` once; returns (out, k cache, v cache).
+    /// Runs rows `rows` once, through the pipelined entry or not; returns (out, k cache, v cache).
     fn run(
         &self,
         kr: &LoadedKernels,
         rows: &[usize],
         grid: usize,
+        pipelined: bool,
     ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
         let s = kr.stream();
         let mut d = self.upload(kr, rows);
-        self.launch(kr, &mut d, grid);
+        self.launch(kr, &mut d, grid, pipelined);
         assert!(
             s.clone_dtoh(&d.counters).unwrap().iter().all(|&c| c == 0),
             "merge counters left non-zero"
@@ -673,13 +675,22 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
         let m = pos.len();
         let grid = ctxs.iter().map(|&c| attn_splits(c).0).max().unwrap();
         let all: Vec<usize> = (0..m).collect();
-        let (out, kc, vc) = inp.run(&sass, &all, grid);
-        let (out_ptx, kc_ptx, vc_ptx) = inp.run(&ptx, &all, grid);
+        let (out, kc, vc) = inp.run(&sass, &all, grid, true);
+        let (out_ptx, kc_ptx, vc_ptx) = inp.run(&ptx, &all, grid, true);
         assert_eq!(
             (&out, &kc, &vc),
             (&out_ptx, &kc_ptx, &vc_ptx),
             "SASS and PTX differ"
         );
+        // The entries without the pipeline (head dimensions 64 and 128; 256 has one kind) must
+        // give the same bits: the same sums in the same order, only the loads move.
+        for (kr, path) in [(&sass, "SASS"), (&ptx, "PTX")] {
+            assert_eq!(
+                inp.run(kr, &all, grid, false),
+                (out.clone(), kc.clone(), vc.clone()),
+                "{q_heads}/{kv_heads}x{hd} {path}: pipelined and not differ"
+            );
+        }
         let shape = QkvShape {
             q_heads,
             kv_heads,
@@ -755,7 +766,7 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
                 |i| 2e-3 + v_max[i / hd / group] * 2f32.powi(-9),
             );
             if m > 1 {
-                let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0);
+                let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0, true);
                 assert_eq!(
                     alone,
                     out[r * q_heads * hd..(r + 1) * q_heads * hd],
@@ -952,12 +963,16 @@ fn gpu_attention_decode_timings() {
     let kr = kernels(&d, Policy::Auto);
     let s = kr.stream();
     let (q_heads, kv_heads, hd) = (32usize, 8usize, 128usize);
-    for (m, ctx) in [(1usize, 300usize), (1, 1024), (8, 300), (8, 1024)] {
+    for (m, ctx, pipelined) in [1usize, 8]
+        .into_iter()
+        .flat_map(|m| [300usize, 1024].map(|ctx| (m, ctx)))
+        .flat_map(|(m, ctx)| [true, false].map(|p| (m, ctx, p)))
+    {
         let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, vec![ctx - 1; m]);
         let grid = attn_splits(ctx).0;
         let rows: Vec<usize> = (0..m).collect();
         let mut dv = inp.upload(&kr, &rows);
-        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid);
+        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined);
         let mut out = ();
         for _ in 0..5 {
             launch(&mut out);
@@ -976,7 +991,8 @@ fn gpu_attention_decode_timings() {
         let us = start.elapsed_ms(&stop).unwrap() * 1000.0 / iters as f32;
         let bytes = (m * ctx * kv_heads * hd * 2 * 2) as f64;
         eprintln!(
-            "  attention m={m} ctx={ctx} ({grid} splits): {us:.1} us, {:.0} GB/s of KV",
+            "  attention m={m} ctx={ctx} ({grid} splits, pipelined {pipelined}, attn_pipelined says {}): {us:.1} us, {:.0} GB/s of KV",
+            attn_pipelined(kv_heads, m * grid, d.sm_count),
             bytes / (f64::from(us) * 1e-6) / 1e9
         );
     }

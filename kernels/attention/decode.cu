@@ -11,11 +11,19 @@
 // KV head: the per-head loops then have fixed trip counts, which on the H200 took 35-40% off the
 // kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
 //
+// At head dimension 64 and 128 each warp streams its next cache block while it scores the current
+// one (pipelined). That holds two blocks' keys and values in registers (227 at 128: two blocks an
+// SM), which pays when the busy blocks of a launch fit in one wave; the `_np` entries load a block
+// and then score it (118 registers at 128: four blocks an SM), which pays when there are more (on
+// the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.7 us; at 8 rows and 80 tokens
+// 7.96 instead of 7.21). Both compute the same sums in the same order: the same bits.
+// `attn_pipelined` in src/ops/attention.rs picks.
+//
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
 // function of its own length only, so a sequence's result never depends on what else is in the
 // batch); blocks past a sequence's split count return at once. A split's four warps take its cache
-// blocks in turn (at head dimension 64 and 128 each loads its next block while it scores the
-// current one; at 256 a block's registers leave no room for two), both products on tensor cores:
+// blocks in turn (pipelined or not, see above; at 256 a block's registers leave no room for two),
+// both products on tensor cores:
 // q.k is S^T = K Q^T (a 16-token block against up to 8 query heads, one m16n8k16 mma per 16 dims)
 // and p.v is O^T += V^T P^T (one mma per 16 dims, the probabilities rounded to bf16 as flash
 // attention does). Each split keeps an online softmax (fp32, base 2) per query head; when a
@@ -150,12 +158,13 @@ __device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base,
 // Word j (0..3) of a uint4, for indices fixed at compile time.
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup.
-template <int D, int G>
+// G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup. kPipelined:
+// stream the next cache block while scoring the current one (head dimensions up to 128).
+template <int D, int G, bool kPipelined>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQFloats = D + 8;          // floats per query head the host reserves (bf16 q uses half)
-    constexpr bool kPrefetch = D <= 128;     // registers for a whole cache block up front
+    constexpr bool kPrefetch = kPipelined && D <= 128;  // registers for a whole cache block up front
     extern __shared__ float smem[];
     // The query heads in bf16, [kMaxGroup][D]: the B operand of the score mma.
     __nv_bfloat16* q_b = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -468,18 +477,28 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 
 using namespace aot_attn_decode;
 
-#define AOT_ATTN_DECODE(name, d, g) \
-    extern "C" __global__ void __launch_bounds__(kThreads) name(const AttnDecodeParams p) { attn_decode<d, g>(p); }
-AOT_ATTN_DECODE(attn_decode_d64, 64, 0)
-AOT_ATTN_DECODE(attn_decode_d64_g2, 64, 2)
-AOT_ATTN_DECODE(attn_decode_d64_g4, 64, 4)
-AOT_ATTN_DECODE(attn_decode_d64_g8, 64, 8)
-AOT_ATTN_DECODE(attn_decode_d128, 128, 0)
-AOT_ATTN_DECODE(attn_decode_d128_g2, 128, 2)
-AOT_ATTN_DECODE(attn_decode_d128_g4, 128, 4)
-AOT_ATTN_DECODE(attn_decode_d128_g8, 128, 8)
-AOT_ATTN_DECODE(attn_decode_d256, 256, 0)
-AOT_ATTN_DECODE(attn_decode_d256_g2, 256, 2)
-AOT_ATTN_DECODE(attn_decode_d256_g4, 256, 4)
-AOT_ATTN_DECODE(attn_decode_d256_g8, 256, 8)
+#define AOT_ATTN_DECODE(name, d, g, pipelined)                                              \
+    extern "C" __global__ void __launch_bounds__(kThreads) name(const AttnDecodeParams p) { \
+        attn_decode<d, g, pipelined>(p);                                                    \
+    }
+AOT_ATTN_DECODE(attn_decode_d64, 64, 0, true)
+AOT_ATTN_DECODE(attn_decode_d64_g2, 64, 2, true)
+AOT_ATTN_DECODE(attn_decode_d64_g4, 64, 4, true)
+AOT_ATTN_DECODE(attn_decode_d64_g8, 64, 8, true)
+AOT_ATTN_DECODE(attn_decode_d64_np, 64, 0, false)
+AOT_ATTN_DECODE(attn_decode_d64_g2_np, 64, 2, false)
+AOT_ATTN_DECODE(attn_decode_d64_g4_np, 64, 4, false)
+AOT_ATTN_DECODE(attn_decode_d64_g8_np, 64, 8, false)
+AOT_ATTN_DECODE(attn_decode_d128, 128, 0, true)
+AOT_ATTN_DECODE(attn_decode_d128_g2, 128, 2, true)
+AOT_ATTN_DECODE(attn_decode_d128_g4, 128, 4, true)
+AOT_ATTN_DECODE(attn_decode_d128_g8, 128, 8, true)
+AOT_ATTN_DECODE(attn_decode_d128_np, 128, 0, false)
+AOT_ATTN_DECODE(attn_decode_d128_g2_np, 128, 2, false)
+AOT_ATTN_DECODE(attn_decode_d128_g4_np, 128, 4, false)
+AOT_ATTN_DECODE(attn_decode_d128_g8_np, 128, 8, false)
+AOT_ATTN_DECODE(attn_decode_d256, 256, 0, false)
+AOT_ATTN_DECODE(attn_decode_d256_g2, 256, 2, false)
+AOT_ATTN_DECODE(attn_decode_d256_g4, 256, 4, false)
+AOT_ATTN_DECODE(attn_decode_d256_g8, 256, 8, false)
 #undef AOT_ATTN_DECODE

@@ -11,17 +11,26 @@ use super::launch::{check_view, launch_params, to_i32, DevMut, DevRef, OpsError}
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "attention";
-/// Every entry of the module: per head dimension (64, 128, 256), the one for any group, then
-/// those for groups 2, 4 and 8, in this order ([`decode_entry`] indexes it).
-pub const ENTRIES: [&str; 12] = [
+/// Every entry of the module, in the order [`decode_entry`] indexes: per head dimension, the one
+/// for any group, then those for groups 2, 4 and 8; at 64 and 128 these four pipelined, then the
+/// same four not (`_np`); at 256 only the four (never pipelined).
+pub const ENTRIES: [&str; 20] = [
     "attn_decode_d64",
     "attn_decode_d64_g2",
     "attn_decode_d64_g4",
     "attn_decode_d64_g8",
+    "attn_decode_d64_np",
+    "attn_decode_d64_g2_np",
+    "attn_decode_d64_g4_np",
+    "attn_decode_d64_g8_np",
     "attn_decode_d128",
     "attn_decode_d128_g2",
     "attn_decode_d128_g4",
     "attn_decode_d128_g8",
+    "attn_decode_d128_np",
+    "attn_decode_d128_g2_np",
+    "attn_decode_d128_g4_np",
+    "attn_decode_d128_g8_np",
     "attn_decode_d256",
     "attn_decode_d256_g2",
     "attn_decode_d256_g4",
@@ -71,14 +80,17 @@ struct AttnDecodeParams {
 unsafe impl DeviceRepr for AttnDecodeParams {}
 
 /// The entry for head dimension `head_dim` and `group` query heads per KV head: the one built for
-/// that group (2, 4 or 8) when there is one, else the one for any group; `None` for a head
-/// dimension the module is not built for (64, 128, 256) or a group outside 1..=MAX_GROUP.
-pub fn decode_entry(head_dim: usize, group: usize) -> Option<&'static str> {
-    // ENTRIES holds, per head dimension, [any group, g2, g4, g8].
-    let base = match head_dim {
-        64 => 0,
-        128 => 4,
-        256 => 8,
+/// that group (2, 4 or 8) when there is one, else the one for any group; pipelined or not (see
+/// [`attn_pipelined`]; head dimension 256 is never pipelined and ignores the flag); `None` for a
+/// head dimension the module is not built for (64, 128, 256) or a group outside 1..=MAX_GROUP.
+pub fn decode_entry(head_dim: usize, group: usize, pipelined: bool) -> Option<&'static str> {
+    // ENTRIES holds, per head dimension, [any group, g2, g4, g8], at 64 and 128 twice.
+    let base = match (head_dim, pipelined) {
+        (64, true) => 0,
+        (64, false) => 4,
+        (128, true) => 8,
+        (128, false) => 12,
+        (256, _) => 16,
         _ => return None,
     };
     let fixed = match group {
@@ -89,6 +101,17 @@ pub fn decode_entry(head_dim: usize, group: usize) -> Option<&'static str> {
         _ => return None,
     };
     Some(ENTRIES[base + fixed])
+}
+
+/// Whether a launch should take the pipelined entries: each warp streams its next cache block
+/// while it scores the current one, holding two blocks in registers, so an SM runs two thread
+/// blocks instead of four. That pays while the launch's busy blocks (`kv_heads` x the splits of
+/// all its rows, `busy_splits`) fit in one wave of two an SM; past that, occupancy hides the
+/// latency better (H200, Qwen3-4B: 8 rows at 80 tokens, 64 busy blocks, 7.2 us pipelined and 8.0
+/// not; 8 rows at 1088 tokens, 576 busy blocks, 28.7 us pipelined and 25.0 not). Both kinds give
+/// the same bits.
+pub fn attn_pipelined(kv_heads: usize, busy_splits: usize, sm_count: usize) -> bool {
+    kv_heads * busy_splits <= 2 * sm_count.max(1)
 }
 
 /// How a context of `ctx` tokens is split: `(count, tokens per split)`, a function of the
@@ -145,6 +168,8 @@ pub struct AttnDecode<'a> {
     pub head_dim: usize,
     /// Grid depth: at least `attn_splits(pos + 1).0` for every row (the kernel traps otherwise).
     pub grid_splits: usize,
+    /// Take the pipelined entry ([`attn_pipelined`] says when it pays; the bits are the same).
+    pub pipelined: bool,
 }
 
 /// Runs the fused step. Positions and block ids live on the device: a position past the RoPE
@@ -173,7 +198,7 @@ pub fn attention_decode(
             a.m, a.q_heads, a.kv_heads
         )));
     }
-    let entry = decode_entry(d, a.q_heads / a.kv_heads).ok_or_else(|| {
+    let entry = decode_entry(d, a.q_heads / a.kv_heads, a.pipelined).ok_or_else(|| {
         shape_err(format!(
             "no decode attention entry for head_dim {d}, group {}",
             a.q_heads / a.kv_heads
@@ -362,20 +387,40 @@ mod tests {
 
     #[test]
     fn every_head_dimension_and_group_has_an_entry_and_fixed_groups_get_theirs() {
+        let mut used = std::collections::BTreeSet::new();
         for (d, name) in [(64, "d64"), (128, "d128"), (256, "d256")] {
-            for group in 1..=MAX_GROUP {
-                let entry = decode_entry(d, group).unwrap();
-                let want = match group {
-                    2 | 4 | 8 => format!("attn_decode_{name}_g{group}"),
-                    _ => format!("attn_decode_{name}"),
-                };
-                assert_eq!(entry, want);
-                assert!(ENTRIES.contains(&entry));
+            for pipelined in [true, false] {
+                // Head dimension 256 is never pipelined: both flags name the same entries.
+                let suffix = if pipelined || d == 256 { "" } else { "_np" };
+                for group in 1..=MAX_GROUP {
+                    let entry = decode_entry(d, group, pipelined).unwrap();
+                    let want = match group {
+                        2 | 4 | 8 => format!("attn_decode_{name}_g{group}{suffix}"),
+                        _ => format!("attn_decode_{name}{suffix}"),
+                    };
+                    assert_eq!(entry, want);
+                    assert!(ENTRIES.contains(&entry));
+                    used.insert(entry);
+                }
+                assert_eq!(decode_entry(d, 0, pipelined), None);
+                assert_eq!(decode_entry(d, MAX_GROUP + 1, pipelined), None);
             }
-            assert_eq!(decode_entry(d, 0), None);
-            assert_eq!(decode_entry(d, MAX_GROUP + 1), None);
         }
-        assert_eq!(decode_entry(96, 4), None);
+        assert_eq!(decode_entry(96, 4, true), None);
+        assert_eq!(used.len(), ENTRIES.len(), "an entry no shape reaches");
+    }
+
+    #[test]
+    fn pipelined_while_the_busy_blocks_fit_one_wave_of_two_an_sm() {
+        // H200 (132 SMs), Qwen3-4B (8 KV heads).
+        let busy = |rows: usize, ctx: usize| rows * attn_splits(ctx).0;
+        assert!(attn_pipelined(8, busy(8, 81), 132), "64 blocks");
+        assert!(attn_pipelined(8, busy(1, 1089), 132), "72 blocks");
+        assert!(!attn_pipelined(8, busy(8, 1089), 132), "576 blocks");
+        assert!(attn_pipelined(8, 33, 132), "264 blocks: one wave");
+        assert!(!attn_pipelined(8, 34, 132), "272 blocks");
+        assert!(attn_pipelined(1, 2, 0), "an SM count of 0 counts as one");
+        assert!(!attn_pipelined(1, 3, 0));
     }
 
     #[test]

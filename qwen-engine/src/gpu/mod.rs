@@ -30,7 +30,8 @@ use std::time::Instant;
 use aot_kernels::device::{self, CudaGraph, CudaSlice, CudaStream, DriverError};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
-    attention_decode, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch, MAX_SPLITS,
+    attention_decode, attn_pipelined, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch,
+    MAX_SPLITS,
 };
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gemv::{gemv, residual_groups, GemvInput, GemvOutput, MAX_TOKENS};
@@ -188,8 +189,10 @@ pub struct GpuRunner {
     ld_bt: usize,
     slots: usize,
     graphs_on: bool,
-    graphs: HashMap<usize, CudaGraph>,
-    seen: [bool; MAX_TOKENS + 1],
+    /// Captured passes by (rows, pipelined attention).
+    graphs: HashMap<(usize, bool), CudaGraph>,
+    /// Row counts and attention kinds that have run eagerly once (graphs capture after that).
+    seen: [[bool; 2]; MAX_TOKENS + 1],
     stats: GpuStats,
     setup_s: f64,
 }
@@ -324,7 +327,7 @@ impl GpuRunner {
             slots,
             graphs_on: options.graphs,
             graphs: HashMap::new(),
-            seen: [false; MAX_TOKENS + 1],
+            seen: [[false; 2]; MAX_TOKENS + 1],
             stats: GpuStats::default(),
             setup_s: started.elapsed().as_secs_f64(),
         })
@@ -369,8 +372,14 @@ impl GpuRunner {
         Ok(())
     }
 
-    /// Launches one forward pass over the first `m` rows of the pass buffers.
-    fn launch_forward(&mut self, m: usize, grid_splits: usize) -> Result<(), OpsError> {
+    /// Launches one forward pass over the first `m` rows of the pass buffers; attention with
+    /// `grid_splits` splits deep, pipelined or not.
+    fn launch_forward(
+        &mut self,
+        m: usize,
+        grid_splits: usize,
+        pipelined: bool,
+    ) -> Result<(), OpsError> {
         let c = &self.cfg;
         let k = &self.k;
         let b = &mut self.b;
@@ -432,6 +441,7 @@ impl GpuRunner {
                     kv_heads: c.num_key_value_heads,
                     head_dim: c.head_dim,
                     grid_splits,
+                    pipelined,
                 },
                 &mut AttnScratch {
                     ws_ml: dev_mut(k, &mut b.attn_ml),
@@ -564,11 +574,21 @@ impl GpuRunner {
         self.b.upload_sampling(&s, &requests)?;
 
         self.stats.passes += 1;
-        match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)]) {
+        // Attention's kind follows the work of this pass (the same bits either way); each kind
+        // has its own graph per row count.
+        let splits: Vec<usize> = rows.iter().map(|r| attn_splits(r.pos + 1).0).collect();
+        let pipelined = attn_pipelined(
+            self.cfg.num_key_value_heads,
+            splits.iter().sum(),
+            self.k.sm_count(),
+        );
+        let key = (m, pipelined);
+        let kind = usize::from(pipelined);
+        match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {
             GraphDecision::Replay => {
-                if !self.graphs.contains_key(&m) {
+                if !self.graphs.contains_key(&key) {
                     device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
-                    let launched = self.launch_forward(m, MAX_SPLITS);
+                    let launched = self.launch_forward(m, MAX_SPLITS, pipelined);
                     let graph = device::end_capture(&s);
                     launched.map_err(ops_err)?;
                     let graph = graph
@@ -576,22 +596,18 @@ impl GpuRunner {
                         .ok_or_else(|| {
                             RunnerError::Device("graph capture produced no graph".into())
                         })?;
-                    self.graphs.insert(m, graph);
+                    self.graphs.insert(key, graph);
                     self.stats.graph_captures += 1;
                 }
-                self.graphs[&m]
+                self.graphs[&key]
                     .launch()
                     .map_err(dev_err("replaying the forward pass"))?;
                 self.stats.graph_replays += 1;
             }
             _ => {
-                let grid = rows
-                    .iter()
-                    .map(|r| attn_splits(r.pos + 1).0)
-                    .max()
-                    .unwrap_or(1);
-                self.launch_forward(m, grid).map_err(ops_err)?;
-                self.seen[m.min(MAX_TOKENS)] = true;
+                let grid = splits.iter().copied().max().unwrap_or(1);
+                self.launch_forward(m, grid, pipelined).map_err(ops_err)?;
+                self.seen[m.min(MAX_TOKENS)][kind] = true;
                 self.stats.eager_passes += 1;
             }
         }

@@ -46,11 +46,15 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
     const size_t floats = kMaxGroup * (d + 8) + kWarps * kBlockTokens * kMaxGroup + kWarps * kMaxGroup * d;
     // Mirrors decode_entry() in src/ops/attention.rs.
     const int g = a.q_heads / a.kv_heads;
-    void (*const table[3][4])(AttnDecodeParams) = {
-        {attn_decode_d64, attn_decode_d64_g2, attn_decode_d64_g4, attn_decode_d64_g8},
-        {attn_decode_d128, attn_decode_d128_g2, attn_decode_d128_g4, attn_decode_d128_g8},
-        {attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8},
+    void (*const table[3][2][4])(AttnDecodeParams) = {
+        {{attn_decode_d64_np, attn_decode_d64_g2_np, attn_decode_d64_g4_np, attn_decode_d64_g8_np},
+         {attn_decode_d64, attn_decode_d64_g2, attn_decode_d64_g4, attn_decode_d64_g8}},
+        {{attn_decode_d128_np, attn_decode_d128_g2_np, attn_decode_d128_g4_np, attn_decode_d128_g8_np},
+         {attn_decode_d128, attn_decode_d128_g2, attn_decode_d128_g4, attn_decode_d128_g8}},
+        {{attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8},
+         {attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8}},
     };
-    void (*kernel)(AttnDecodeParams) = table[d == 64 ? 0 : d == 128 ? 1 : 2][g == 2 ? 1 : g == 4 ? 2 : g == 8 ? 3 : 0];
+    void (*kernel)(AttnDecodeParams) =
+        table[d == 64 ? 0 : d == 128 ? 1 : 2][a.pipelined ? 1 : 0][g == 2 ? 1 : g == 4 ? 2 : g == 8 ? 3 : 0];
     launch(kernel, dim3(a.kv_heads, a.m, a.grid_splits), dim3(kThreads), floats * 4, s, p);
 }

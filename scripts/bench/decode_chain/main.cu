@@ -5,8 +5,10 @@
 // build.sh compiles it against any source tree (see README.md here).
 //
 //   decode-chain [--m 1] [--ctx 80] [--layers 36] [--reps 200] [--exact-splits] [--pdl]
+//                [--pipeline auto|on|off]
 //
-// --pdl launches the GEMV and attention kernels with programmatic dependent launch.
+// --pdl launches the GEMV and attention kernels with programmatic dependent launch. --pipeline
+// picks the decode attention entries: `auto` as the engine does (attn_pipelined), or forced.
 #include "ops.h"
 
 #include <cuda_bf16.h>
@@ -72,6 +74,7 @@ bool g_pdl = false;
 int main(int argc, char** argv) {
     int m = 1, ctx = 80, layers = 36, reps = 200;
     bool exact_splits = false;
+    int pipeline = -1;  // -1 auto, 0 off, 1 on
     int hidden = 2560, q_heads = 32, kv_heads = 8, hd = 128, inter = 9728, vocab = 151936;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -82,6 +85,13 @@ int main(int argc, char** argv) {
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
         else if (a == "--pdl") g_pdl = true;
+        else if (a == "--pipeline" && i + 1 < argc) {
+            const std::string v = argv[++i];
+            if (v == "auto") pipeline = -1;
+            else if (v == "on") pipeline = 1;
+            else if (v == "off") pipeline = 0;
+            else { fprintf(stderr, "--pipeline takes auto, on or off, not %s\n", v.c_str()); return 2; }
+        }
         else { fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
     }
     if (m < 1 || m > 8 || ctx < 0 || layers < 1 || reps < 1) {
@@ -150,13 +160,15 @@ int main(int argc, char** argv) {
 
     const float eps = 1e-6f;
     const int grid_splits = exact_splits ? attn_splits_host(ctx + 1) : ms;
+    // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
+    const int pipelined = pipeline >= 0 ? pipeline : kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
     auto op_qkv = [&](int l, int groups, cudaStream_t s) {
         launch_gemv({L[l].qkv, h, ssq, L[l].in_norm, qkv, nullptr, nullptr, qkv_dim, hidden, m, hidden, qkv_dim, 0,
                      groups, eps, 0, 0}, sm, s);
     };
     auto op_attn = [&](int l, cudaStream_t s) {
         launch_attn({qkv, L[l].q_norm, L[l].k_norm, cos_sin, L[l].k_cache, L[l].v_cache, d_table, d_slots, d_pos, attn,
-                     ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, eps}, s);
+                     ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, pipelined, eps}, s);
     };
     auto op_o = [&](int l, cudaStream_t s) {
         launch_gemv({L[l].o, attn, nullptr, nullptr, nullptr, h, ssq, hidden, q_dim, m, q_dim, 0, hidden, 0, eps, 2, 0},
@@ -237,8 +249,8 @@ int main(int argc, char** argv) {
         op_lm(s);
     });
     auto [med, p90] = time_graph(step);
-    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pdl %d\n", sm, bw / 1e12, m,
-           ctx, layers, grid_splits, g_pdl ? 1 : 0);
+    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d pdl %d\n", sm,
+           bw / 1e12, m, ctx, layers, grid_splits, pipelined, g_pdl ? 1 : 0);
     printf("step  median %8.1f us  p90 %8.1f us  limit %8.1f us  share %5.1f%%  %7.1f tok/s\n", med, p90, limit_us,
            100.0 * limit_us / med, m * 1e6 / med);
 

@@ -52,6 +52,7 @@ struct AttnArgs {
     float* ws_o;
     unsigned* counters;
     int m, q_heads, kv_heads, head_dim, ld_bt, ld_qkv, max_pos, grid_splits;
+    int pipelined;  // the entries that stream the next cache block while scoring (64, 128)
     float eps;
 };
 void launch_attn(const AttnArgs& a, cudaStream_t s);
