@@ -331,6 +331,15 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             epi: Epi::Bf16,
         },
         GemvCase {
+            // Narrow with 768 chunks of 8 in the norm prologue: two passes of 512 (a thread's
+            // chunks tid and tid + 256 of every row, then the next 512).
+            name: "narrow 1024x6144 norm bf16",
+            n: 1024,
+            k: 6144,
+            norm: true,
+            epi: Epi::Bf16,
+        },
+        GemvCase {
             name: "lm_head-like 32768x2560 norm f32",
             n: 32768,
             k: 2560,
