@@ -4,7 +4,7 @@
 //! `#[ignore]`d: without a GPU they are listed as ignored, never passed; asked to run
 //! (`--include-ignored`) without one they fail. Each test prints its input seed.
 //! Checks: outputs within the stated tolerance of the float64 reference (attention: plus what its
-//! bf16 probabilities allow, 2^-9 of the largest |v|); SASS (`auto`) and PTX
+//! bf16 probabilities allow, 2^-8 of the largest |v|); SASS (`auto`) and PTX
 //! (`ptx-only`) bitwise equal; a token's result identical alone and in a batch of 8; launches
 //! replayed from a CUDA graph equal to the eager ones (the attention merge counters reset).
 //! Bandwidth of the Qwen3-4B projections is printed (measured with CUDA events; never asserted).
@@ -538,7 +538,7 @@ impl AttnInputs {
             ids.swap(i, rng.gen_range(0..=i));
         }
         let max_pos = ld_bt * BLOCK_TOKENS;
-        AttnInputs {
+        let mut inp = AttnInputs {
             q_heads,
             kv_heads,
             hd,
@@ -553,7 +553,20 @@ impl AttnInputs {
             cos_sin: cos_sin_cache(max_pos, hd, 1e6),
             max_pos,
             pos,
+        };
+        // Cache positions past a row's new token hold +inf: the kernel must never let them into
+        // a score or a product (a 16-token block past its last token is masked and zero-filled;
+        // 0 x inf would be NaN). Checked bit for bit below, since inf == inf.
+        for r in 0..m {
+            for t in inp.pos[r] + 1..ld_bt * BLOCK_TOKENS {
+                for kv in 0..kv_heads {
+                    let at = inp.at(r, t, kv);
+                    inp.kc[at..at + hd].fill(bf16::INFINITY);
+                    inp.vc[at..at + hd].fill(bf16::INFINITY);
+                }
+            }
         }
+        inp
     }
 
     /// Device buffers for rows `rows` (a subset, in that order).
@@ -755,9 +768,10 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
                 .flat_map(|h| qkv_head_reference(&raw(h), Some(&inp.q_norm), cs, &shape))
                 .collect();
             let want = attention_decode_reference(&q, &keys, &values, p + 1, q_heads, kv_heads, hd);
-            // The kernel multiplies V by the probabilities rounded to bf16 (relative error at most
-            // 2^-9 each) and divides by the sum of the unrounded ones, so an output may move by up
-            // to 2^-9 x the largest |v| of its KV head beyond the fp32-vs-float64 slack.
+            // The kernel multiplies V by the probabilities rounded to bf16 (round to nearest with an
+            // 8-bit significand: relative error at most 2^-8 each) and divides by the sum of the
+            // unrounded ones, so an output may move by up to 2^-8 x the largest |v| of its KV head
+            // beyond the fp32-vs-float64 slack.
             let v_max: Vec<f32> = (0..kv_heads)
                 .map(|kv| {
                     (0..=p)
@@ -772,7 +786,7 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
                 &out[r * q_heads * hd..(r + 1) * q_heads * hd],
                 &want,
                 2,
-                |i| 2e-3 + v_max[i / hd / group] * 2f32.powi(-9),
+                |i| 2e-3 + v_max[i / hd / group] * 2f32.powi(-8),
             );
             if m > 1 {
                 let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0, true);
@@ -1001,7 +1015,7 @@ fn gpu_attention_decode_timings() {
         let bytes = (m * ctx * kv_heads * hd * 2 * 2) as f64;
         eprintln!(
             "  attention m={m} ctx={ctx} ({grid} splits, pipelined {pipelined}, attn_pipelined says {}): {us:.1} us, {:.0} GB/s of KV",
-            attn_pipelined(kv_heads, m * grid, d.sm_count),
+            attn_pipelined(hd, kv_heads, m * grid, d.sm_count),
             bytes / (f64::from(us) * 1e-6) / 1e9
         );
     }

@@ -591,10 +591,33 @@ fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> 
         s.clone_htod(&cache.k).unwrap(),
         s.clone_htod(&cache.v).unwrap(),
     );
-    let mut out = s.alloc_zeros::<bf16>(q.len()).unwrap();
-    let q = s.clone_htod(q).unwrap();
-    attention_prefill(k, dev_mut(k, &mut out), dev(k, &q), &kc, &vc, &blocks, &p).unwrap();
-    s.clone_dtoh(&out).unwrap()
+    // q and out are views 64 elements into larger buffers (as the engine passes one request's
+    // rows of a packed batch); out's rows before and after the view hold a sentinel that must
+    // survive.
+    const PAD: usize = 64;
+    let sentinel = bf16::from_f32(-7.25);
+    let mut out = s.clone_htod(&vec![sentinel; q.len() + 2 * PAD]).unwrap();
+    let mut padded_q = vec![bf16::from_f32(3.0); PAD];
+    padded_q.extend_from_slice(q);
+    let q = s.clone_htod(&padded_q).unwrap();
+    attention_prefill(
+        k,
+        dev_mut(k, &mut out).skip(PAD).unwrap(),
+        dev(k, &q).skip(PAD).unwrap(),
+        &kc,
+        &vc,
+        &blocks,
+        &p,
+    )
+    .unwrap();
+    let all = s.clone_dtoh(&out).unwrap();
+    let (before, rest) = all.split_at(PAD);
+    let (got, after) = rest.split_at(rest.len() - PAD);
+    assert!(
+        before.iter().chain(after).all(|&x| x == sentinel),
+        "attention_prefill wrote outside its view"
+    );
+    got.to_vec()
 }
 
 #[test]
@@ -895,6 +918,17 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
         &ap(8, 30, 64, 1),
     ));
     assert!(e.contains("need 3 cache blocks"), "{e}");
+    // A view that starts off a 16-byte boundary is refused before the kernel sees it.
+    let e = err(attention_prefill(
+        &k,
+        dev_mut(&k, &mut out),
+        dev(&k, &a).skip(3).unwrap(),
+        &cache,
+        &cache,
+        &blocks,
+        &ap(8, 0, 64, 1),
+    ));
+    assert!(e.contains("16-byte boundary"), "{e}");
     let e = err(attention_prefill(
         &k,
         dev_mut(&k, &mut out),

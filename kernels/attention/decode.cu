@@ -15,8 +15,8 @@
 // one (pipelined). That holds two blocks' keys and values in registers (227 at 128: two blocks an
 // SM), which pays when the busy blocks of a launch fit in one wave; the `_np` entries load a block
 // and then score it (118 registers at 128: four blocks an SM), which pays when there are more (on
-// the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.7 us; at 8 rows and 80 tokens
-// 7.96 instead of 7.21). Both compute the same sums in the same order: the same bits.
+// the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us; at 8 rows and 80 tokens
+// 7.9 instead of 7.2). Both compute the same sums in the same order: the same bits.
 // `attn_pipelined` in src/ops/attention.rs picks.
 //
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
@@ -42,7 +42,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlockTokens = 16;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 32;
-// Fewer, longer splits: a split's warps stream their cache blocks two deep (D <= 128), while
+// Fewer, longer splits: a split's warps stream their cache blocks two deep (the pipelined entries), while
 // every extra split costs the merge's round trips (64 measured slower at every context on the H200).
 constexpr int kTokensPerSplitMin = 128;
 constexpr float kLog2e = 1.4426950408889634f;

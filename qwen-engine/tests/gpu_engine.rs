@@ -26,30 +26,24 @@ const NOISE_FACTOR: f32 = 1.5;
 /// A step's greedy token must match where the oracle's margin exceeds this many times the noise.
 const MARGIN_FACTOR: f64 = 2.0;
 
-fn gpu_runner(
-    config: &Qwen3Config,
-    weights: &Weights,
-    policy: Policy,
-    toolchain: ToolchainChoice,
-    graphs: bool,
-    kv: usize,
-    prefill_tokens: usize,
-) -> GpuRunner {
-    GpuRunner::new(
-        config,
-        weights,
-        &GpuOptions {
-            policy,
-            slots: 8,
-            kv_budget: Some(kv),
-            graphs,
-            max_context: 2048,
-            toolchain,
-            prefill_tokens,
-        },
-        &mut |_| {},
-    )
-    .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"))
+/// The options of these tests: 8 slots, 2048 tokens of context, a KV cache of `kv` bytes; prefill
+/// passes and the attention kind as the engine's defaults unless a test changes them.
+fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) -> GpuOptions {
+    GpuOptions {
+        policy,
+        slots: 8,
+        kv_budget: Some(kv),
+        graphs,
+        max_context: 2048,
+        toolchain,
+        prefill_tokens: qwen_engine::gpu::prefill::PREFILL_TOKENS,
+        attention_pipelined: None,
+    }
+}
+
+fn gpu_runner(config: &Qwen3Config, weights: &Weights, options: &GpuOptions) -> GpuRunner {
+    GpuRunner::new(config, weights, options, &mut |_| {})
+        .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"))
 }
 
 /// Teacher-forced logits of every prompt of `f` (all prompts in one batch): the largest
@@ -90,29 +84,37 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
         // driver: the oracle, batching, chunking, and the same bits as the CUDA 13 images.
         let cuda12 = ToolchainChoice::Major(12);
         // Prefill passes of 4096 rows pack every prompt of a step into one pass; 97 rows cut
-        // prompts across passes at odd places, and 8 rows (graphs off) cut every prompt: the bits
-        // must not change (checked against the first configuration below).
-        for (policy, toolchain, graphs, pass_rows) in [
-            (Policy::Auto, newest, true, 4096),
-            (Policy::Auto, newest, false, 8),
-            (Policy::PtxOnly, newest, true, 97),
-            (Policy::PtxOnly, newest, false, 4096),
-            (Policy::Auto, cuda12, true, 4096),
-            (Policy::PtxOnly, cuda12, true, 4096),
+        // prompts across passes at odd places, and 8 rows (graphs off) cut every prompt. Decode
+        // attention is forced unpipelined in two settings (these small models never reach the
+        // busy blocks where `attn_pipelined` switches), one of them with graphs, so that kind's
+        // graphs are captured and replayed too. The bits must not change (checked against the
+        // first configuration below).
+        for (policy, toolchain, graphs, pass_rows, pipelined) in [
+            (Policy::Auto, newest, true, 4096, None),
+            (Policy::Auto, newest, false, 8, Some(false)),
+            (Policy::PtxOnly, newest, true, 97, Some(false)),
+            (Policy::PtxOnly, newest, false, 4096, None),
+            (Policy::Auto, cuda12, true, 4096, None),
+            (Policy::PtxOnly, cuda12, true, 4096, None),
         ] {
             let mut runner = gpu_runner(
                 &config,
                 &weights,
-                policy,
-                toolchain,
-                graphs,
-                256 << 20,
-                pass_rows,
+                &GpuOptions {
+                    prefill_tokens: pass_rows,
+                    attention_pipelined: pipelined,
+                    ..options(policy, toolchain, graphs, 256 << 20)
+                },
             );
             let label = format!(
-                "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}]",
+                "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}, attention {}]",
                 f.name,
-                if graphs { "on" } else { "off" }
+                if graphs { "on" } else { "off" },
+                match pipelined {
+                    None => "auto",
+                    Some(true) => "pipelined",
+                    Some(false) => "unpipelined",
+                }
             );
 
             // 1. Teacher-forced logits: the bf16 noise, and the greedy choice where margins allow.
@@ -247,11 +249,10 @@ fn gpu_qwen3_4b_synthetic_same_tokens_with_and_without_graphs_and_under_both_pol
         let mut runner = gpu_runner(
             &config,
             &weights,
-            policy,
-            ToolchainChoice::Newest,
-            graphs,
-            4 << 30,
-            if graphs { 4096 } else { 100 },
+            &GpuOptions {
+                prefill_tokens: if graphs { 4096 } else { 100 },
+                ..options(policy, ToolchainChoice::Newest, graphs, 4 << 30)
+            },
         );
         let reqs: Vec<Request> = prompts.iter().map(|p| Request::greedy(p, new)).collect();
         let batch = run(&mut runner, &reqs, Some(512)).unwrap();

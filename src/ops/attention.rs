@@ -107,11 +107,17 @@ pub fn decode_entry(head_dim: usize, group: usize, pipelined: bool) -> Option<&'
 /// while it scores the current one, holding two blocks in registers, so an SM runs two thread
 /// blocks instead of four. That pays while the launch's busy blocks (`kv_heads` x the splits of
 /// all its rows, `busy_splits`) fit in one wave of two an SM; past that, occupancy hides the
-/// latency better (H200, Qwen3-4B: 8 rows at 80 tokens, 64 busy blocks, 7.2 us pipelined and 8.0
-/// not; 8 rows at 1088 tokens, 576 busy blocks, 28.7 us pipelined and 25.0 not). Both kinds give
-/// the same bits.
-pub fn attn_pipelined(kv_heads: usize, busy_splits: usize, sm_count: usize) -> bool {
-    kv_heads * busy_splits <= 2 * sm_count.max(1)
+/// latency better (H200, Qwen3-4B: 8 rows at 80 tokens, 64 busy blocks, 7.2 us pipelined and 7.9
+/// not; 8 rows at 1088 tokens, 576 busy blocks, 28.8 us pipelined and 25.0 not). The threshold
+/// was measured at head dimension 128; head dimension 256 has one kind (never pipelined), so the
+/// answer there is always `false`. Both kinds give the same bits.
+pub fn attn_pipelined(
+    head_dim: usize,
+    kv_heads: usize,
+    busy_splits: usize,
+    sm_count: usize,
+) -> bool {
+    head_dim <= 128 && kv_heads * busy_splits <= 2 * sm_count.max(1)
 }
 
 /// How a context of `ctx` tokens is split: `(count, tokens per split)`, a function of the
@@ -414,13 +420,20 @@ mod tests {
     fn pipelined_while_the_busy_blocks_fit_one_wave_of_two_an_sm() {
         // H200 (132 SMs), Qwen3-4B (8 KV heads).
         let busy = |rows: usize, ctx: usize| rows * attn_splits(ctx).0;
-        assert!(attn_pipelined(8, busy(8, 81), 132), "64 blocks");
-        assert!(attn_pipelined(8, busy(1, 1089), 132), "72 blocks");
-        assert!(!attn_pipelined(8, busy(8, 1089), 132), "576 blocks");
-        assert!(attn_pipelined(8, 33, 132), "264 blocks: one wave");
-        assert!(!attn_pipelined(8, 34, 132), "272 blocks");
-        assert!(attn_pipelined(1, 2, 0), "an SM count of 0 counts as one");
-        assert!(!attn_pipelined(1, 3, 0));
+        assert!(attn_pipelined(128, 8, busy(8, 81), 132), "64 blocks");
+        assert!(attn_pipelined(128, 8, busy(1, 1089), 132), "72 blocks");
+        assert!(!attn_pipelined(128, 8, busy(8, 1089), 132), "576 blocks");
+        assert!(attn_pipelined(128, 8, 33, 132), "264 blocks: one wave");
+        assert!(!attn_pipelined(128, 8, 34, 132), "272 blocks");
+        assert!(
+            attn_pipelined(64, 1, 2, 0),
+            "an SM count of 0 counts as one"
+        );
+        assert!(!attn_pipelined(64, 1, 3, 0));
+        assert!(
+            !attn_pipelined(256, 8, 1, 132),
+            "head dimension 256 has one kind"
+        );
     }
 
     #[test]

@@ -330,6 +330,20 @@ pub fn dev_mut<'a, T>(
     }
 }
 
+/// Checks that a view starts on a 16-byte boundary, as kernels that move 16-byte vectors need (a
+/// view of bf16 must start a multiple of 8 elements into its allocation).
+pub(crate) fn check_aligned16(op: &'static str, what: &str, addr: u64) -> Result<(), OpsError> {
+    if !addr.is_multiple_of(16) {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "`{what}` starts at {addr:#x}, not on a 16-byte boundary: offset views by a multiple of 16 bytes (8 bf16)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that a view holds at least the elements of shape `dims`.
 pub(crate) fn check_view(
     op: &'static str,

@@ -70,6 +70,9 @@ pub struct GpuOptions {
     /// Rows of one packed prefill pass: the prompt chunks of a step share passes of this many
     /// tokens (default [`prefill::PREFILL_TOKENS`]); sizes the prefill activations.
     pub prefill_tokens: usize,
+    /// Decode attention's kind: `None` lets `attn_pipelined` pick per pass (the default);
+    /// `Some(kind)` forces it (tests: both kinds must give the same bits).
+    pub attention_pipelined: Option<bool>,
 }
 
 /// Counters for the report.
@@ -189,6 +192,8 @@ pub struct GpuRunner {
     ld_bt: usize,
     slots: usize,
     graphs_on: bool,
+    /// `GpuOptions::attention_pipelined`.
+    attention_pipelined: Option<bool>,
     /// Captured passes by (rows, pipelined attention).
     graphs: HashMap<(usize, bool), CudaGraph>,
     /// Row counts and attention kinds that have run eagerly once (graphs capture after that).
@@ -326,6 +331,7 @@ impl GpuRunner {
             ld_bt,
             slots,
             graphs_on: options.graphs,
+            attention_pipelined: options.attention_pipelined,
             graphs: HashMap::new(),
             seen: [[false; 2]; MAX_TOKENS + 1],
             stats: GpuStats::default(),
@@ -577,11 +583,14 @@ impl GpuRunner {
         // Attention's kind follows the work of this pass (the same bits either way); each kind
         // has its own graph per row count.
         let splits: Vec<usize> = rows.iter().map(|r| attn_splits(r.pos + 1).0).collect();
-        let pipelined = attn_pipelined(
-            self.cfg.num_key_value_heads,
-            splits.iter().sum(),
-            self.k.sm_count(),
-        );
+        let pipelined = self.attention_pipelined.unwrap_or_else(|| {
+            attn_pipelined(
+                self.cfg.head_dim,
+                self.cfg.num_key_value_heads,
+                splits.iter().sum(),
+                self.k.sm_count(),
+            )
+        });
         let key = (m, pipelined);
         let kind = usize::from(pipelined);
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {

@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     const float eps = 1e-6f;
     const int grid_splits = exact_splits ? attn_splits_host(ctx + 1) : ms;
     // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
-    const int pipelined = pipeline >= 0 ? pipeline : kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
+    const int pipelined = pipeline >= 0 ? pipeline : hd <= 128 && kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
     auto op_qkv = [&](int l, int groups, cudaStream_t s) {
         launch_gemv({L[l].qkv, h, ssq, L[l].in_norm, qkv, nullptr, nullptr, qkv_dim, hidden, m, hidden, qkv_dim, 0,
                      groups, eps, 0, 0}, sm, s);

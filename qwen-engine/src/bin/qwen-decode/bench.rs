@@ -370,6 +370,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
                 .next_power_of_two(),
             toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
             prefill_tokens: args.prefill_tokens,
+            attention_pipelined: None,
         };
         let setup = Instant::now();
         let runner =

@@ -189,6 +189,7 @@ fn build_runner(
                     .unwrap_or(src.config.max_position_embeddings.min(32_768)),
                 toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
                 prefill_tokens: args.prefill_tokens,
+                attention_pipelined: None,
             };
             let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
