@@ -202,6 +202,16 @@ __device__ __forceinline__ void norm_scales(const GemvParams& p, Shared& s) {
     }
 }
 
+// Eight elements of a row of x: bf16((w + offset) * bf16(h * scale)), the RMSNorm as the model
+// rounds it (w already widened to fp32).
+__device__ __forceinline__ uint4 norm8(const uint4& h, const float (&w)[8], float scale, float offset) {
+    float f[8];
+    aot::unpack8(h, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = (w[j] + offset) * aot::round_bf16(f[j] * scale);
+    return aot::pack8(f);
+}
+
 // x = RMSNorm(h) into shared memory (`x_smem`, rows `x_stride` apart).
 //   wide (gate_up, lm_head): four chunks of one row a thread at a time, in passes;
 //   narrow (qkv): a thread takes chunks tid and tid + 256 of every row, all of them requested
@@ -243,12 +253,8 @@ __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __
 #pragma unroll
                 for (int r = 0; r < kMaxTokens; ++r) {
                     if (r >= p.m) break;
-                    float xf[8];
-                    aot::unpack8(xv[q][r], xf);
-                    const float scale = s.scale[r];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) xf[j] = (wf[j] + p.norm_offset) * aot::round_bf16(xf[j] * scale);
-                    *reinterpret_cast<uint4*>(x_smem + r * x_stride + c * 8) = aot::pack8(xf);
+                    *reinterpret_cast<uint4*>(x_smem + r * x_stride + c * 8) =
+                        norm8(xv[q][r], wf, s.scale[r], p.norm_offset);
                 }
             }
         }
@@ -276,13 +282,9 @@ __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __
                 if (i >= total) break;
                 const int r = i / chunks;
                 const int c = (i - r * chunks) * 8;
-                float xf[8], wf[8];
-                aot::unpack8(xv[q], xf);
+                float wf[8];
                 aot::unpack8(wv[q], wf);
-                const float scale = s.scale[r];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) xf[j] = (wf[j] + p.norm_offset) * aot::round_bf16(xf[j] * scale);
-                *reinterpret_cast<uint4*>(x_smem + r * x_stride + c) = aot::pack8(xf);
+                *reinterpret_cast<uint4*>(x_smem + r * x_stride + c) = norm8(xv[q], wf, s.scale[r], p.norm_offset);
             }
         }
     }
