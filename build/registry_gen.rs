@@ -43,6 +43,7 @@ pub fn write(
         let _ = writeln!(s, "    ModuleRecord {{");
         let _ = writeln!(s, "        name: {:?},", m.name);
         let _ = writeln!(s, "        kind: {kind},");
+        let _ = writeln!(s, "        portable: {},", module.portable);
         let _ = writeln!(s, "        entries: &{:?},", m.entries);
         let _ = writeln!(s, "        source_sha256: {:?},", m.source_sha256);
         let _ = writeln!(

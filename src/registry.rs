@@ -55,6 +55,9 @@ pub struct ModuleRecord {
     /// `cuda` (built by every toolchain of the manifest) or `triton` (committed Triton PTX,
     /// built by the primary CUDA 13 toolchain only, so its images need a 13.0 driver).
     pub kind: ModuleKind,
+    /// `false`: a fast path that runs only as its own SASS targets; its PTX holds no working code
+    /// (manifest `portable = false`). Elsewhere the dispatcher reports it unavailable.
+    pub portable: bool,
     pub entries: &'static [&'static str],
     pub source_sha256: &'static str,
     #[serde(skip)]

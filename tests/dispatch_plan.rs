@@ -20,11 +20,15 @@ fn dev(cap: &str, integrated: bool, driver: &str) -> DeviceSpec {
     }
 }
 
-/// Registry modules; a build that left out a target the test needs (`AOT_TARGETS`) cannot show
-/// the full plan, so the test fails rather than pass without checking. A target names its
-/// architecture: `sm_90` is met by a Triton module's `sm_90a` too.
+/// The registry's portable modules (every one but the fast paths built for some GPUs only, which
+/// `fast_path_modules_run_only_as_their_own_sass` covers); a build that left out a target the test
+/// needs (`AOT_TARGETS`) cannot show the full plan, so the test fails rather than pass without
+/// checking. A target names its architecture: `sm_90` is met by a Triton module's `sm_90a` too.
 fn registry_with(targets: &[&str]) -> Vec<ModuleSource> {
-    let modules = ModuleSource::registry();
+    let modules: Vec<ModuleSource> = ModuleSource::registry()
+        .into_iter()
+        .filter(|m| m.portable)
+        .collect();
     assert!(!modules.is_empty(), "the registry has no modules");
     assert!(
         modules.iter().any(|m| is_triton(&m.name)) && modules.iter().any(|m| !is_triton(&m.name)),
@@ -581,4 +585,119 @@ fn registry_images_are_hashed_once_per_process() {
     let (_, second) = check_module(&h200(), Policy::Auto, m).unwrap();
     // The first may itself be cached if another test in this process got there first.
     assert!(second.cached && second.micros == 0, "{first:?} {second:?}");
+}
+
+/// The modules built as a fast path for some GPUs only (manifest `portable = false`).
+fn fast_path_modules() -> Vec<ModuleSource> {
+    let fast: Vec<ModuleSource> = ModuleSource::registry()
+        .into_iter()
+        .filter(|m| !m.portable)
+        .collect();
+    assert!(
+        fast.iter().any(|m| m.name == "gemm_bf16_sm90"),
+        "the wgmma GEMM is a fast-path module"
+    );
+    fast
+}
+
+#[test]
+fn fast_path_modules_run_only_as_their_own_sass() {
+    let modules = fast_path_modules();
+    let sm90a: Target = "sm_90a".parse().unwrap();
+    let unavailable = |p: &aot_kernels::dispatch::Plan, why: &str| {
+        assert!(!p.has_errors(), "{}", p.to_table());
+        for m in &p.modules {
+            let reason = m
+                .unavailable
+                .as_deref()
+                .unwrap_or_else(|| panic!("{} is not unavailable\n{}", m.module, p.to_table()));
+            assert!(m.choice.is_none(), "{}", m.module);
+            assert!(
+                reason.contains("a fast path built as SASS for sm_90a only")
+                    && reason.contains(why)
+                    && reason.contains("the portable kernels serve"),
+                "{reason}"
+            );
+        }
+        assert!(
+            p.to_table().contains("UNAVAILABLE: a fast path"),
+            "{}",
+            p.to_table()
+        );
+    };
+    // An H100/H200: its sm_90a SASS under auto and sass-only, from CUDA 13 on a 13.x driver and
+    // from CUDA 12.9 on a 12.x one.
+    for (driver, toolchain) in [("13.0", cuda13()), ("12.4", cuda12())] {
+        for policy in [Policy::Auto, Policy::SassOnly] {
+            let p = plan(dev("9.0", false, driver), policy, true, &modules);
+            assert!(
+                !p.has_errors() && p.unavailable().count() == 0,
+                "{}",
+                p.to_table()
+            );
+            for m in &p.modules {
+                let c = m.choice.as_ref().unwrap();
+                assert_eq!(
+                    (c.target, c.toolchain, c.reason),
+                    (sm90a, toolchain, Reason::ExactSass)
+                );
+            }
+        }
+    }
+    // ptx-only on the same GPU: the PTX is no fallback.
+    unavailable(
+        &plan(dev("9.0", false, "13.0"), Policy::PtxOnly, true, &modules),
+        "the ptx-only policy loads no SASS",
+    );
+    // Every other GPU (sm_90a runs on 9.0 only), however new its driver.
+    for (cap, integrated) in [
+        ("8.0", false),
+        ("8.7", true),
+        ("8.9", false),
+        ("10.0", false),
+        ("11.0", true),
+        ("12.1", false),
+        ("13.0", false),
+    ] {
+        unavailable(
+            &plan(dev(cap, integrated, "13.0"), Policy::Auto, true, &modules),
+            &format!("none runs on compute capability {cap}"),
+        );
+    }
+    // Orin on JetPack 6: unavailable (not an error, though its CUDA 12.9 PTX needs 12.9).
+    unavailable(
+        &plan(dev("8.7", true, "12.6"), Policy::Auto, true, &modules),
+        "none runs on compute capability 8.7",
+    );
+    // An H100 whose driver is older than every sm_90a image: an error like any module's.
+    let p = plan(dev("9.0", false, "11.8"), Policy::Auto, true, &modules);
+    assert!(
+        p.has_errors() && p.unavailable().count() == 0,
+        "{}",
+        p.to_table()
+    );
+    assert!(
+        p.modules.iter().all(|m| m
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("Update the NVIDIA driver"))),
+        "{}",
+        p.to_table()
+    );
+    // A build without sm_90a: unavailable on the H200 too, never its PTX.
+    let without: Vec<_> = modules
+        .iter()
+        .cloned()
+        .map(|m| m.without_target(sm90a))
+        .collect();
+    let p = plan(dev("9.0", false, "13.0"), Policy::Auto, true, &without);
+    assert!(!p.has_errors(), "{}", p.to_table());
+    assert!(
+        p.modules.iter().all(|m| m
+            .unavailable
+            .as_deref()
+            .is_some_and(|r| r.contains("built as SASS for no target of this build"))),
+        "{}",
+        p.to_table()
+    );
 }

@@ -6,6 +6,10 @@
 //! `#[ignore]`d: they need a CUDA GPU (run with `--include-ignored` there; the GPU bundle does).
 //! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`.
 //!
+//! The GEMM has two kernels (mma.sync everywhere, wgmma where sm_90a SASS is loaded): on an sm_90
+//! GPU the SASS path runs wgmma and the PTX path mma.sync, so comparing the paths bitwise also
+//! compares the two kernels; the SASS path's mma.sync is compared to its wgmma as well.
+//!
 //! Tolerances against the float64 references (the kernels accumulate in fp32 in their own order):
 //! - GEMM: `|got - ref| <= 2^-16 * sum_k |a_k w_k|`, plus one bf16 ulp of `ref` for bf16 output.
 //! - q/k norm + RoPE: `|got - ref| <= 2` bf16 ulps of the largest value of the head (a normalised
@@ -20,7 +24,10 @@ use aot_kernels::dispatch::LoadedKernels;
 use aot_kernels::ops::attention_prefill::{
     attention_prefill, attention_prefill_row, AttentionPrefillParams,
 };
-use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_f32out, gemm_element, GemmShape};
+use aot_kernels::ops::gemm::{
+    gemm_bf16, gemm_bf16_f32out, gemm_bf16_f32out_on, gemm_bf16_on, gemm_element, GemmKernel,
+    GemmShape,
+};
 use aot_kernels::ops::init::fill_uniform_bf16;
 use aot_kernels::ops::kv_cache::{block_elements, BlockTable, KV_BLOCK_TOKENS};
 use aot_kernels::ops::qk_norm_rope::{
@@ -111,17 +118,29 @@ fn gemm_points(rng: &mut impl Rng, s: &GemmShape, sampled: Option<usize>) -> Vec
     }
 }
 
-/// Runs both outputs of one case; returns (bf16 C, f32 C) as downloaded.
-fn run_gemm(k: &LoadedKernels, c: &GemmCase) -> (Vec<bf16>, Vec<f32>) {
+/// Runs both outputs of one case on `kernel`; returns (bf16 C, f32 C) as downloaded.
+fn run_gemm(k: &LoadedKernels, kernel: GemmKernel, c: &GemmCase) -> (Vec<bf16>, Vec<f32>) {
     let s = k.stream();
     let s_ = &c.shape;
     let (a, w) = (s.clone_htod(&c.a).unwrap(), s.clone_htod(&c.w).unwrap());
     let c_len = (s_.m - 1) * s_.ldc + s_.n;
     let mut out = s.alloc_zeros::<bf16>(c_len).unwrap();
     let mut out32 = s.alloc_zeros::<f32>(c_len).unwrap();
-    gemm_bf16(k, &mut out, &a, &w, s_).unwrap();
-    gemm_bf16_f32out(k, &mut out32, &a, &w, s_).unwrap();
+    gemm_bf16_on(k, kernel, &mut out, &a, &w, s_).unwrap();
+    gemm_bf16_f32out_on(k, kernel, &mut out32, &a, &w, s_).unwrap();
     (s.clone_dtoh(&out).unwrap(), s.clone_dtoh(&out32).unwrap())
+}
+
+fn assert_same_f32_bits(what: &str, a: &[f32], b: &[f32]) {
+    let differ = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert!(
+        a.len() == b.len() && differ == 0,
+        "{what}: f32 outputs differ ({differ} elements)"
+    );
 }
 
 #[test]
@@ -132,6 +151,20 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
     eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
     let paths = load_both_paths(&d);
     eprintln!("{}", describe(&paths[0].1, "gemm_bf16"));
+    eprintln!("{}", describe(&paths[0].1, "gemm_bf16_sm90"));
+    let kernels = paths.each_ref().map(|(_, k)| GemmKernel::best(k));
+    eprintln!(
+        "kernels: sass path {:?}, ptx path {:?}",
+        kernels[0], kernels[1]
+    );
+    assert_eq!(kernels[1], GemmKernel::MmaSync, "the PTX path has no wgmma");
+    if d.spec.capability.sm() == 90 {
+        assert_eq!(
+            kernels[0],
+            GemmKernel::Wgmma,
+            "an sm_90 GPU under auto must run the sm_90a wgmma kernel"
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let cases = [
         gemm_case(
@@ -169,10 +202,10 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
         gemm_case(&mut rng, "one row 1x8x8", GemmShape::dense(1, 8, 8), None),
     ];
     let mut per_path = Vec::new();
-    for (path, k) in &paths {
+    for ((path, k), &kernel) in paths.iter().zip(&kernels) {
         let mut outs = Vec::new();
         for c in &cases {
-            let (out, out32) = run_gemm(k, c);
+            let (out, out32) = run_gemm(k, kernel, c);
             let s = &c.shape;
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6e6d);
             let (mut worst16, mut worst32, mut differ) = (0.0f64, 0.0f64, 0usize);
@@ -214,14 +247,21 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
     }
     for (c, ((a16, a32), (b16, b32))) in cases.iter().zip(per_path[0].iter().zip(&per_path[1])) {
         assert_same_bits(&format!("{}: SASS vs PTX", c.name), a16, b16);
-        let same32 = a32.iter().zip(b32).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same32,
-            "{}: f32 output differs between SASS and PTX",
-            c.name
-        );
+        assert_same_f32_bits(&format!("{}: SASS vs PTX", c.name), a32, b32);
     }
-    eprintln!("SASS and PTX outputs are bitwise identical");
+    eprintln!(
+        "SASS ({:?}) and PTX ({:?}) outputs are bitwise identical",
+        kernels[0], kernels[1]
+    );
+    if kernels[0] == GemmKernel::Wgmma {
+        // The same SASS load's mma.sync kernel against its wgmma kernel.
+        for (c, (w16, w32)) in cases.iter().zip(&per_path[0]) {
+            let (m16, m32) = run_gemm(&paths[0].1, GemmKernel::MmaSync, c);
+            assert_same_bits(&format!("{}: wgmma vs mma.sync", c.name), w16, &m16);
+            assert_same_f32_bits(&format!("{}: wgmma vs mma.sync", c.name), w32, &m32);
+        }
+        eprintln!("wgmma and mma.sync (both SASS) outputs are bitwise identical");
+    }
 }
 
 #[test]
@@ -295,28 +335,38 @@ fn gpu_gemm_timings() {
     let a = buffer(t * 9728, 1);
     let w = buffer(19456 * 2560, 2);
     let mut c = s.alloc_zeros::<bf16>(t * 19456).unwrap();
-    let mut layer_ms = 0.0;
-    let mut layer_flop = 0.0;
-    for (name, n, kk) in [
-        ("qkv_proj", 6144, 2560),
-        ("o_proj", 2560, 4096),
-        ("gate_up_proj", 19456, 2560),
-        ("down_proj", 2560, 9728),
-    ] {
-        let shape = GemmShape::dense(t, n, kk);
-        let ms = time_ms(&k, 10, || gemm_bf16(&k, &mut c, &a, &w, &shape).unwrap());
-        let flop = 2.0 * (t * n * kk) as f64;
-        layer_ms += f64::from(ms);
-        layer_flop += flop;
+    let best = GemmKernel::best(&k);
+    let kernels: &[GemmKernel] = if best == GemmKernel::Wgmma {
+        &[GemmKernel::MmaSync, GemmKernel::Wgmma]
+    } else {
+        &[GemmKernel::MmaSync]
+    };
+    for &kernel in kernels {
+        let mut layer_ms = 0.0;
+        let mut layer_flop = 0.0;
+        for (name, n, kk) in [
+            ("qkv_proj", 6144, 2560),
+            ("o_proj", 2560, 4096),
+            ("gate_up_proj", 19456, 2560),
+            ("down_proj", 2560, 9728),
+        ] {
+            let shape = GemmShape::dense(t, n, kk);
+            let ms = time_ms(&k, 10, || {
+                gemm_bf16_on(&k, kernel, &mut c, &a, &w, &shape).unwrap()
+            });
+            let flop = 2.0 * (t * n * kk) as f64;
+            layer_ms += f64::from(ms);
+            layer_flop += flop;
+            eprintln!(
+                "gemm_bf16 [{kernel:?}] {t} x {n} x {kk} ({name}): {ms:.3} ms, {:.1} TFLOP/s",
+                flop / f64::from(ms) / 1e9
+            );
+        }
         eprintln!(
-            "gemm_bf16 {t} x {n} x {kk} ({name}): {ms:.3} ms, {:.1} TFLOP/s",
-            flop / f64::from(ms) / 1e9
+            "Qwen3-4B layer GEMMs [{kernel:?}], 8 x 1024-token prefill: {layer_ms:.3} ms, {:.1} TFLOP/s effective",
+            layer_flop / layer_ms / 1e9
         );
     }
-    eprintln!(
-        "Qwen3-4B layer GEMMs, 8 x 1024-token prefill: {layer_ms:.3} ms, {:.1} TFLOP/s effective",
-        layer_flop / layer_ms / 1e9
-    );
     let mut logits = s.alloc_zeros::<f32>(8 * 151_936).unwrap();
     let lm_w = buffer(151_936 * 2560, 3);
     let shape = GemmShape::dense(8, 151_936, 2560);

@@ -113,6 +113,16 @@ pub struct Module {
     /// SASS targets for this module instead of the default list (the PTX fallback is always added).
     #[serde(default)]
     pub targets: Option<Vec<Target>>,
+    /// `false`: the module is a fast path for its own `targets` only (Hopper's wgmma, say). Its
+    /// PTX, built like every module's, holds no working code, so where none of its SASS runs
+    /// (another GPU, or the `ptx-only` policy) the dispatcher reports it unavailable and callers
+    /// use a portable module. Needs `targets`.
+    #[serde(default = "portable_default")]
+    pub portable: bool,
+}
+
+fn portable_default() -> bool {
+    true
 }
 
 /// A manifest that cannot be used, with the file, the key and the fix.
@@ -211,6 +221,12 @@ impl Manifest {
             }
             if let Some(targets) = &module.targets {
                 check_targets(&key("targets"), targets, false).map_err(|(k, m)| invalid(k, m))?;
+            }
+            if !module.portable && module.targets.is_none() {
+                return Err(invalid(
+                    key("portable"),
+                    "`portable = false` needs the module's own `targets`: the SASS it runs as (everywhere else it is unavailable)".into(),
+                ));
             }
         }
         let mut releases = BTreeSet::from([self.toolchain.cuda]);

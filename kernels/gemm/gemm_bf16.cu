@@ -16,6 +16,7 @@
 // Edges: M and N any size with N % 8 == 0, K % 8 == 0 (whole 16-byte chunks); chunks past M, N
 // or K are zero-filled by cp.async (never read), outputs past M or N are not written.
 #include "aot_common.cuh"
+#include "aot_gemm_tile.cuh"
 #include "aot_mma.cuh"
 
 // Dynamic shared memory, declared at file scope: a declaration inside the anonymous namespace
@@ -32,39 +33,24 @@ constexpr int kThreads = 256;
 constexpr int kGroupM = 8;  // CTAs walk 8 row tiles per column tile, for L2 reuse of W
 constexpr int kATileBytes = kBM * kBK * 2;
 constexpr int kStageBytes = (kBM + kBN) * kBK * 2;
-constexpr int kAChunksPerThread = kBM * kBK / 8 / kThreads;  // 2
-constexpr int kBChunksPerThread = kBN * kBK / 8 / kThreads;  // 4
 
 // Byte offset of 16-byte chunk `c` (0..3) of row `r` in a [rows][32] bf16 tile.
 __device__ __forceinline__ uint32_t swizzle(int r, int c) {
     return static_cast<uint32_t>(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
 }
 
-__device__ __forceinline__ void store_pair(__nv_bfloat16* c, float v0, float v1) {
-    *reinterpret_cast<__nv_bfloat162*>(c) = __floats2bfloat162_rn(v0, v1);
-}
-
-__device__ __forceinline__ void store_pair(float* c, float v0, float v1) {
-    *reinterpret_cast<float2*>(c) = make_float2(v0, v1);
-}
+struct Swizzle64 {
+    __device__ __forceinline__ static uint32_t offset(int r, int c) { return swizzle(r, c); }
+};
 
 template <typename OutT>
 __device__ __forceinline__ void gemm_tn(OutT* __restrict__ C, const __nv_bfloat16* __restrict__ A,
                                         const __nv_bfloat16* __restrict__ W, int M, int N, int K, int lda,
                                         int ldw, int ldc) {
     const uint32_t smem_base = aot::smem_addr(gemm_bf16_smem);
-
-    // Grouped tile order: consecutive CTAs share a column tile of W across kGroupM row tiles.
-    const int tiles_m = (M + kBM - 1) / kBM;
-    const int tiles_n = (N + kBN - 1) / kBN;
-    const int per_group = kGroupM * tiles_n;
-    const int pid = blockIdx.x;
-    const int first_m = (pid / per_group) * kGroupM;
-    const int group_rows = min(tiles_m - first_m, kGroupM);
-    const int tm = first_m + (pid % per_group) % group_rows;
-    const int tn = (pid % per_group) / group_rows;
-    const int m0 = tm * kBM;
-    const int n0 = tn * kBN;
+    const aot::TileOrigin origin = aot::gemm_tile_origin<kBM, kBN, kGroupM>(M, N, blockIdx.x);
+    const int m0 = origin.m0;
+    const int n0 = origin.n0;
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -72,50 +58,13 @@ __device__ __forceinline__ void gemm_tn(OutT* __restrict__ C, const __nv_bfloat1
     const int wm = warp >> 2;  // 2 warps along M
     const int wn = warp & 3;   // 4 warps along N
 
-    // Loader: thread tid copies chunks q = tid + i * kThreads; chunk q is row q / 4, chunk q % 4.
-    const __nv_bfloat16* a_src[kAChunksPerThread];
-    uint32_t a_dst[kAChunksPerThread];
-    bool a_row_ok[kAChunksPerThread];
-    int a_k[kAChunksPerThread];
-#pragma unroll
-    for (int i = 0; i < kAChunksPerThread; ++i) {
-        const int q = tid + i * kThreads;
-        const int r = q >> 2;
-        const int c = q & 3;
-        a_row_ok[i] = m0 + r < M;
-        a_src[i] = A + static_cast<int64_t>(a_row_ok[i] ? m0 + r : 0) * lda + c * 8;
-        a_dst[i] = swizzle(r, c);
-        a_k[i] = c * 8;
-    }
-    const __nv_bfloat16* b_src[kBChunksPerThread];
-    uint32_t b_dst[kBChunksPerThread];
-    bool b_row_ok[kBChunksPerThread];
-    int b_k[kBChunksPerThread];
-#pragma unroll
-    for (int i = 0; i < kBChunksPerThread; ++i) {
-        const int q = tid + i * kThreads;
-        const int r = q >> 2;
-        const int c = q & 3;
-        b_row_ok[i] = n0 + r < N;
-        b_src[i] = W + static_cast<int64_t>(b_row_ok[i] ? n0 + r : 0) * ldw + c * 8;
-        b_dst[i] = kATileBytes + swizzle(r, c);
-        b_k[i] = c * 8;
-    }
-
+    const aot::TileLoader<kBM, kBK / 8, kThreads, Swizzle64> a_loader(A, m0, M, lda, 0, tid);
+    const aot::TileLoader<kBN, kBK / 8, kThreads, Swizzle64> b_loader(W, n0, N, ldw, kATileBytes, tid);
     const int k_tiles = (K + kBK - 1) / kBK;
     auto load_tile = [&](int kt) {
         const uint32_t stage = smem_base + static_cast<uint32_t>((kt % kStages) * kStageBytes);
-        const int k0 = kt * kBK;
-#pragma unroll
-        for (int i = 0; i < kAChunksPerThread; ++i) {
-            const bool ok = a_row_ok[i] && k0 + a_k[i] < K;
-            aot::cp_async_16(stage + a_dst[i], ok ? a_src[i] + k0 : A, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < kBChunksPerThread; ++i) {
-            const bool ok = b_row_ok[i] && k0 + b_k[i] < K;
-            aot::cp_async_16(stage + b_dst[i], ok ? b_src[i] + k0 : W, ok);
-        }
+        a_loader.load(stage, kt * kBK, K);
+        b_loader.load(stage, kt * kBK, K);
     };
 
     float acc[4][8][4];
@@ -183,7 +132,7 @@ __device__ __forceinline__ void gemm_tn(OutT* __restrict__ C, const __nv_bfloat1
 #pragma unroll
             for (int nj = 0; nj < 8; ++nj) {
                 const int col = n0 + wn * 64 + nj * 8 + 2 * t;
-                if (col < N) store_pair(c_row + col, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+                if (col < N) aot::store_pair(c_row + col, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
             }
         }
     }

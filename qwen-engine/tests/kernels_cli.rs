@@ -38,6 +38,49 @@ fn is_triton(m: &serde_json::Value) -> bool {
         .is_some_and(|r| r.kind == aot_kernels::registry::ModuleKind::Triton)
 }
 
+/// Whether a plan module (JSON) is a fast path built for some GPUs only (manifest `portable =
+/// false`: the sm_90a wgmma GEMM).
+fn is_fast_path(m: &serde_json::Value) -> bool {
+    aot_kernels::registry::module(m["module"].as_str().unwrap()).is_some_and(|r| !r.portable)
+}
+
+/// The portable modules' choices (`chosen` less the fast paths).
+fn chosen_portable(json: &serde_json::Value) -> Vec<String> {
+    let modules = json["plan"]["modules"].as_array().unwrap();
+    modules
+        .iter()
+        .zip(chosen(json))
+        .filter(|(m, _)| !is_fast_path(m))
+        .map(|(_, c)| c)
+        .collect()
+}
+
+/// Every fast-path module chose `want` (`target toolchain min_driver`), or, with `None`, is
+/// unavailable and says that the portable kernels serve; there is at least one.
+fn assert_fast_paths(json: &serde_json::Value, want: Option<&str>) {
+    let modules = json["plan"]["modules"].as_array().unwrap();
+    let mut seen = 0;
+    for (m, c) in modules.iter().zip(chosen_with_driver(json)) {
+        if !is_fast_path(m) {
+            continue;
+        }
+        seen += 1;
+        match want {
+            Some(w) => assert_eq!(c, w, "{m}"),
+            None => {
+                assert_eq!(c, "ERROR - -", "{m}");
+                let why = m["unavailable"].as_str().unwrap();
+                assert!(
+                    why.contains("a fast path built as SASS for sm_90a only")
+                        && why.contains("the portable kernels serve"),
+                    "{why}"
+                );
+            }
+        }
+    }
+    assert!(seen > 0, "the registry has a fast-path module");
+}
+
 /// Per module: `target toolchain min_driver` of the choice, e.g. `sm_87 12.9 12.0`.
 fn chosen_with_driver(json: &serde_json::Value) -> Vec<String> {
     json["plan"]["modules"]
@@ -56,11 +99,16 @@ fn chosen_with_driver(json: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Every CUDA module chose `want` (`target toolchain min_driver`); every Triton module has no
-/// choice and says why it is unavailable.
+/// Every portable CUDA module chose `want` (`target toolchain min_driver`); every Triton module
+/// has no choice and says why it is unavailable, and so does every fast path (these plans are
+/// none of an sm_90 GPU's under auto).
 fn assert_cuda_modules_chose(json: &serde_json::Value, want: &str) {
+    assert_fast_paths(json, None);
     let modules = json["plan"]["modules"].as_array().unwrap();
     for (m, c) in modules.iter().zip(chosen_with_driver(json)) {
+        if is_fast_path(m) {
+            continue;
+        }
         if is_triton(m) {
             assert_eq!(c, "ERROR - -", "{m}");
             assert!(m["unavailable"].is_string(), "{m}");
@@ -76,22 +124,26 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
         aot_kernels::registry::build_info().target_filter.is_none(),
         "exact-SASS plan checks need a build without AOT_TARGETS"
     );
-    // Per case: the CUDA modules' choice, and the Triton modules' (None: unavailable, CUDA 13 only).
-    for (args, want, want_triton) in [
+    // Per case: the CUDA modules' choice, the Triton modules' (None: unavailable, CUDA 13 only)
+    // and the fast paths' (None: unavailable, built for sm_90a only).
+    for (args, want, want_triton, want_fast) in [
         (
             &["--simulate", "8.7", "--integrated", "--driver", "12.6"][..],
             "sm_87 12.9 12.0",
+            None,
             None,
         ),
         (
             &["--simulate", "9.0", "--driver", "12.4"][..],
             "sm_90 12.9 12.0",
             None,
+            Some("sm_90a 12.9 12.0"),
         ),
         (
             &["--simulate", "11.0", "--integrated", "--driver", "13.0"][..],
             "sm_110 13.0 13.0",
             Some("sm_110a 13.0 13.0"),
+            None,
         ),
     ] {
         // Exit 0 either way: on a 12.x driver only the Triton modules lack an image.
@@ -100,7 +152,11 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
         let got = chosen_with_driver(&json);
         let modules = json["plan"]["modules"].as_array().unwrap();
         assert!(modules.iter().any(is_triton) && modules.iter().any(|m| !is_triton(m)));
+        assert_fast_paths(&json, want_fast);
         for (m, got) in modules.iter().zip(&got) {
+            if is_fast_path(m) {
+                continue;
+            }
             if !is_triton(m) {
                 assert_eq!(got, want, "{args:?}: {m}");
                 continue;
@@ -121,7 +177,12 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
         }
         let unavailable = json["unavailable"].as_array().map_or(0, Vec::len);
         let triton = modules.iter().filter(|m| is_triton(m)).count();
-        assert_eq!(unavailable, if want_triton.is_some() { 0 } else { triton });
+        let fast = modules.iter().filter(|m| is_fast_path(m)).count();
+        assert_eq!(
+            unavailable,
+            if want_triton.is_some() { 0 } else { triton }
+                + if want_fast.is_some() { 0 } else { fast }
+        );
     }
     // The table shows toolchain and required driver per module.
     let out = qwen_decode(&[
@@ -153,7 +214,8 @@ fn orin_on_jetpack_6_h100_on_r550_and_thor_on_jetpack_7() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("note: 8 module(s) unavailable on this device: gdn_conv1d,")
+        stderr
+            .contains("note: 9 module(s) unavailable on this device: gemm_bf16_sm90, gdn_conv1d,")
             && !stderr.contains("error:"),
         "{stderr}"
     );
@@ -173,7 +235,11 @@ fn forcing_cuda12_images_and_a_driver_too_old_for_everything() {
     assert_eq!(code, Some(0));
     assert_eq!(json["toolchain_choice"], "cuda12");
     let modules = json["plan"]["modules"].as_array().unwrap();
+    assert_fast_paths(&json, Some("sm_90a 12.9 12.0"));
     for (m, c) in modules.iter().zip(chosen_with_driver(&json)) {
+        if is_fast_path(m) {
+            continue;
+        }
         if is_triton(m) {
             assert!(
                 m["unavailable"]
@@ -250,13 +316,15 @@ fn simulated_thor_orin_and_future_plans() {
     let (code, json) = plan_json(&["--simulate", "11.0", "--integrated", "--driver", "13.0"]);
     assert_eq!(code, Some(0));
     assert_eq!(json["plan"]["simulated"], true);
-    // Exact SASS for Thor in every module: `sm_110`, or `sm_110a` for the Triton modules.
+    // Exact SASS for Thor in every portable module: `sm_110`, or `sm_110a` for the Triton
+    // modules; the sm_90a fast path is unavailable.
     assert!(
-        chosen(&json)
+        chosen_portable(&json)
             .iter()
             .all(|t| t == "sm_110" || t == "sm_110a"),
         "{json}"
     );
+    assert_fast_paths(&json, None);
     // Orin on a 12.8 driver: the CUDA modules' CUDA 12.9 sm_87; the Triton modules (CUDA 13
     // only) unavailable, and the plan still exits 0.
     let (code, json) = plan_json(&["--simulate", "8.7", "--integrated", "--driver", "12.8"]);
@@ -264,7 +332,11 @@ fn simulated_thor_orin_and_future_plans() {
     assert_cuda_modules_chose(&json, "sm_87 12.9 12.0");
     let (code, json) = plan_json(&["--simulate", "13.0", "--driver", "13.0"]);
     assert_eq!(code, Some(0));
-    assert!(chosen(&json).iter().all(|t| t == "compute_80"), "{json}");
+    assert!(
+        chosen_portable(&json).iter().all(|t| t == "compute_80"),
+        "{json}"
+    );
+    assert_fast_paths(&json, None);
     let (code, json) = plan_json(&[
         "--simulate",
         "9.0",
@@ -277,7 +349,15 @@ fn simulated_thor_orin_and_future_plans() {
         (code, json["plan"]["policy"].as_str()),
         (Some(0), Some("ptx-only"))
     );
-    assert!(chosen(&json).iter().all(|t| t == "compute_80"), "{json}");
+    assert!(
+        chosen_portable(&json).iter().all(|t| t == "compute_80"),
+        "{json}"
+    );
+    assert_fast_paths(&json, None);
+    // The same GPU under auto: the wgmma GEMM's sm_90a beside every other module's sm_90.
+    let (code, json) = plan_json(&["--simulate", "9.0", "--driver", "13.0"]);
+    assert_eq!(code, Some(0));
+    assert_fast_paths(&json, Some("sm_90a 13.0 13.0"));
 }
 
 #[test]

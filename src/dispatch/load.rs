@@ -302,7 +302,7 @@ pub fn load_all_from_env() -> Result<LoadedKernels, DispatchError> {
 }
 
 /// `modules` less those the plan finds unavailable by design, loaded on device 0.
-fn load_available(
+pub fn load_available(
     device: &OpenDevice,
     policy: Policy,
     modules: &[ModuleSource],
@@ -311,6 +311,12 @@ fn load_available(
     let mut keep = Vec::with_capacity(modules.len());
     for (m, p) in modules.iter().zip(&plan.modules) {
         match &p.unavailable {
+            // A fast path built for other GPUs is expected to be absent: its launcher runs the
+            // portable kernel. A portable module missing is worth a warning.
+            Some(why) if !m.portable => log::info!(
+                "aot-kernels: {} not loaded, unavailable here: {why}",
+                m.name
+            ),
             Some(why) => log::warn!(
                 "aot-kernels: {} not loaded, unavailable here: {why}",
                 m.name

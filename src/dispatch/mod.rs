@@ -22,8 +22,8 @@ pub mod verify;
 pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
-    check_module, load_all, load_all_from_env, load_modules, LoadReport, LoadedKernels,
-    ModuleReport, PDL_ENV,
+    check_module, load_all, load_all_from_env, load_available, load_modules, LoadReport,
+    LoadedKernels, ModuleReport, PDL_ENV,
 };
 pub use plan::{oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan};
 pub use policy::{Policy, ToolchainChoice, POLICY_ENV, TOOLCHAIN_ENV};

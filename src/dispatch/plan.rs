@@ -6,6 +6,8 @@
 //! older than every such image that fits the GPU needs (CUDA 13 output on a 12.x driver), or a
 //! toolchain choice that leaves them out (`--toolchain cuda12`). Such a module is *unavailable*:
 //! the plan says why, and the other modules' plans stand ([`Plan::has_errors`] does not count it).
+//! A module built as a fast path for some GPUs only (manifest `portable = false`, such as the
+//! sm_90a wgmma GEMM) is unavailable wherever the selection would take its PTX.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -133,6 +135,51 @@ fn unavailable_reason(
     ))
 }
 
+/// Selection for a fast path (manifest `portable = false`) among its SASS only: its PTX holds no
+/// working code. `None`: no SASS of it fits this GPU, or the policy loads none (`ptx-only`), so
+/// it is unavailable here. A SASS that fits but needs a newer driver stays an error, as for any
+/// other module.
+fn select_fast_path(
+    device: &DeviceSpec,
+    policy: Policy,
+    m: &ModuleSource,
+) -> Option<Result<Selection, NoImageError>> {
+    if policy == Policy::PtxOnly {
+        return None;
+    }
+    let sass: Vec<_> = m
+        .candidates()
+        .into_iter()
+        .filter(|c| !c.target.virtual_arch && fits_device(c.target, device, policy))
+        .collect();
+    if sass.is_empty() {
+        return None;
+    }
+    Some(select_image(device, policy, &sass))
+}
+
+/// Why a fast path (manifest `portable = false`) does not run here: no SASS of it fits this GPU
+/// or the policy, and its PTX is no fallback.
+fn not_portable_reason(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> String {
+    let mut sass: Vec<String> = m
+        .images
+        .iter()
+        .filter(|i| !i.is_ptx())
+        .map(|i| i.target.to_string())
+        .collect();
+    sass.sort();
+    sass.dedup();
+    let here = if policy == Policy::PtxOnly {
+        "the ptx-only policy loads no SASS".to_string()
+    } else {
+        format!("none runs on compute capability {}", device.capability)
+    };
+    format!(
+        "a fast path built as SASS for {} only ({here}); its PTX is no fallback, so the portable kernels serve",
+        if sass.is_empty() { "no target of this build".to_string() } else { sass.join(", ") }
+    )
+}
+
 pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[ModuleSource]) -> Plan {
     let every: BTreeSet<CudaRelease> = modules
         .iter()
@@ -154,8 +201,17 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                     sha256: img.sha256.clone(),
                 })
                 .collect();
-            let (choice, error, unavailable) = match select_for_module(&device, policy, m) {
-                Ok(sel) => (
+            let selection = if m.portable {
+                Some(select_for_module(&device, policy, m))
+            } else {
+                select_fast_path(&device, policy, m)
+            };
+            let (choice, error, unavailable) = match selection {
+                None => {
+                    let why = not_portable_reason(&device, policy, m);
+                    (None, Some(why.clone()), Some(why))
+                }
+                Some(Ok(sel)) => (
                     Some(Choice {
                         target: sel.target,
                         toolchain: sel.toolchain,
@@ -167,7 +223,7 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                     None,
                     None,
                 ),
-                Err(e) => (
+                Some(Err(e)) => (
                     None,
                     Some(e.to_string()),
                     unavailable_reason(&device, policy, m, &every),

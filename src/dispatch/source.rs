@@ -60,6 +60,9 @@ pub struct ModuleSource {
     /// than the others (the Triton modules: CUDA 13 only) is unavailable, not an error, where
     /// none of its toolchains can serve (see `plan`).
     pub toolchains: Vec<CudaRelease>,
+    /// `false`: only the module's SASS is working code (manifest `portable = false`); where the
+    /// selection would take its PTX, the module is unavailable (see `plan`).
+    pub portable: bool,
 }
 
 impl ModuleSource {
@@ -83,6 +86,7 @@ impl ModuleSource {
             entries: record.entries.iter().map(|e| e.to_string()).collect(),
             images,
             toolchains,
+            portable: record.portable,
         }
     }
 

@@ -45,6 +45,8 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
     (super::gemm::MODULE, super::gemm::ENTRY_BF16),
     (super::gemm::MODULE, super::gemm::ENTRY_F32),
+    (super::gemm::MODULE_SM90, super::gemm::ENTRY_SM90_BF16),
+    (super::gemm::MODULE_SM90, super::gemm::ENTRY_SM90_F32),
     (super::qk_norm_rope::MODULE, super::qk_norm_rope::ENTRY),
     (
         super::attention_prefill::MODULE,

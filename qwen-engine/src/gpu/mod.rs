@@ -221,12 +221,13 @@ impl GpuRunner {
     ) -> Result<GpuRunner, RunnerError> {
         let started = Instant::now();
         // The `cuda` modules only: the runner launches nothing else, and the Triton modules
-        // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs.
+        // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs. A fast path
+        // unavailable here (the sm_90a GEMM off Hopper or under ptx-only) is left out; its
+        // launcher then runs the portable kernel.
         let k = dispatch::open_device(0)
             .and_then(|d| {
-                dispatch::load_modules(
+                dispatch::load_available(
                     &d,
-                    0,
                     options.policy,
                     &ModuleSource::registry_of_kind(ModuleKind::Cuda)
                         .into_iter()
