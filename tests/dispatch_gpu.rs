@@ -10,8 +10,9 @@ use common::{cuda12, cuda13, ptx_with_version};
 
 use aot_kernels::dispatch::driver::{load_image, open_device, OpenDevice};
 use aot_kernels::dispatch::{
-    load_all, load_all_from_env, load_modules, translate, DispatchError, ImageBytes, LoadReport,
-    ModuleReport, ModuleSource, Policy, Reason, ToolchainChoice, Version, TOOLCHAIN_ENV,
+    fast_path_unavailable, load_all, load_all_from_env, load_available, load_modules, translate,
+    DispatchError, ImageBytes, LoadReport, ModuleReport, ModuleSource, Policy, Reason,
+    ToolchainChoice, Version, TOOLCHAIN_ENV,
 };
 use aot_kernels::registry::{self, ModuleKind};
 use cudarc::driver::sys::CUresult;
@@ -28,6 +29,31 @@ fn gpu(test: &str) -> OpenDevice {
 
 fn exact_sass(d: &OpenDevice) -> Target {
     Target::sass(d.spec.capability.sm())
+}
+
+/// The modules of `modules` that run on this GPU under `policy`: all but the fast paths built for
+/// other GPUs (and, under ptx-only, every fast path), which the loaders leave out by design.
+fn servable<'a>(d: &OpenDevice, policy: Policy, modules: &'a [ModuleSource]) -> Vec<&'a str> {
+    modules
+        .iter()
+        .filter(|m| fast_path_unavailable(&d.spec, policy, m).is_none())
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
+/// The names of the modules a load report holds.
+fn loaded(report: &LoadReport) -> Vec<&str> {
+    report.modules.iter().map(|m| m.module.as_str()).collect()
+}
+
+/// The SASS a module's exact choice is on this GPU: `sm_90`, or a fast path's `sm_90a`.
+fn exact_for(d: &OpenDevice, module: &str) -> Target {
+    let fast = registry::module(module).is_some_and(|r| !r.portable);
+    let mut t = exact_sass(d);
+    if fast {
+        t.variant = fatbin_verify::Variant::ArchSpecific;
+    }
+    t
 }
 
 fn print(report: &LoadReport) {
@@ -59,11 +85,15 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
     } else {
         (cuda12(), ModuleSource::registry_of_kind(ModuleKind::Cuda))
     };
-    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+    let k = load_available(&d, Policy::Auto, &modules).unwrap();
     print(k.report());
     let want = exact_sass(&d);
     let sm = d.spec.capability.sm() as i32;
-    assert_eq!(k.report().modules.len(), modules.len());
+    // Every module that runs here; on an sm_90 GPU that is every module, fast paths included.
+    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
+    if d.spec.capability.sm() == 90 {
+        assert_eq!(k.report().modules.len(), modules.len());
+    }
     for m in &k.report().modules {
         // This GPU's SASS: `sm_90`, or `sm_90a` for the Triton modules and the wgmma GEMM.
         assert!(
@@ -90,8 +120,14 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_ptx_only_jits_compute_80_for_every_module() {
     let d = gpu("gpu_ptx_only_jits_compute_80_for_every_module");
-    let k = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    let registry = ModuleSource::registry();
+    let k = load_available(&d, Policy::PtxOnly, &registry).unwrap();
     print(k.report());
+    // Every portable module; no fast path (their PTX is no fallback).
+    assert_eq!(loaded(k.report()), servable(&d, Policy::PtxOnly, &registry));
+    assert!(registry
+        .iter()
+        .all(|m| m.portable == loaded(k.report()).contains(&m.name.as_str())));
     let sm = d.spec.capability.sm() as i32;
     for m in &k.report().modules {
         assert_eq!(m.target, Target::ptx(80), "{}", m.module);
@@ -115,8 +151,13 @@ fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
         .into_iter()
         .map(|m| m.retain_images(|i| i.target.virtual_arch || i.target.capability().0 != major))
         .collect();
-    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+    let k = load_available(&d, Policy::Auto, &modules).unwrap();
     print(k.report());
+    // The fast paths lose their only SASS with this GPU's: they are left out, never JIT'd.
+    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
+    assert!(modules
+        .iter()
+        .all(|m| m.portable == loaded(k.report()).contains(&m.name.as_str())));
     for m in &k.report().modules {
         assert_eq!(m.target, Target::ptx(80), "{}", m.module);
         assert!(
@@ -127,7 +168,7 @@ fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
         assert!(m.entries.iter().all(|e| e.attributes.ptx_version == 80));
     }
     // sass-only refuses the same registry instead of JIT-compiling.
-    let err = load_modules(&d, 0, Policy::SassOnly, &modules).unwrap_err();
+    let err = load_available(&d, Policy::SassOnly, &modules).unwrap_err();
     assert!(matches!(err, DispatchError::NoImage { .. }), "{err}");
     eprintln!("sass-only on that registry: {err}");
 }
@@ -211,7 +252,15 @@ fn gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu() {
 fn gpu_functions_are_handed_out_by_module_and_entry() {
     gpu("gpu_functions_are_handed_out_by_module_and_entry");
     let k = load_all(Policy::Auto).unwrap();
+    let d = k.device();
     for m in registry::modules() {
+        let src = ModuleSource::from_record(m);
+        if let Some(why) = fast_path_unavailable(d, Policy::Auto, &src) {
+            // A fast path for other GPUs: not loaded, and asking for it says so.
+            eprintln!("{}: {why}", m.name);
+            assert!(k.function(m.name, m.entries[0]).is_err(), "{}", m.name);
+            continue;
+        }
         for e in m.entries {
             let f = k.function(m.name, e).unwrap();
             assert!(f.num_regs().unwrap() > 0, "{}::{e}", m.name);
@@ -239,8 +288,8 @@ fn gpu_load_times_sass_and_jit() {
     // Measures, does not assert. The JIT figure is cold only if nothing in this process or the
     // driver's cache (CUDA_CACHE_PATH) compiled these PTX images before: run.sh measures the
     // cold figure separately with CUDA_CACHE_DISABLE=1.
-    let sass = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let ptx = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
     eprintln!(
         "MEASURED: SASS load of {} modules {} us; PTX load (JIT, cache state unknown) {} us; hash {} us",
         sass.report().modules.len(),
@@ -271,21 +320,15 @@ fn cuda12_registry() -> Vec<ModuleSource> {
 fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
     let d = gpu("gpu_forced_cuda12_loads_cuda12_sass_for_every_module");
     let modules = cuda12_registry();
-    let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+    let k = load_available(&d, Policy::Auto, &modules).unwrap();
     print(k.report());
-    let (want, sm) = (exact_sass(&d), d.spec.capability.sm() as i32);
-    assert_eq!(k.report().modules.len(), modules.len());
+    let sm = d.spec.capability.sm() as i32;
+    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
     for m in &k.report().modules {
         // This GPU's SASS: `sm_90`, or `sm_90a` for the wgmma GEMM.
         assert_eq!(
-            (
-                m.target.sm,
-                m.target.virtual_arch,
-                m.toolchain,
-                m.reason,
-                m.jit
-            ),
-            (want.sm, false, cuda12(), Reason::ExactSass, false),
+            (m.target, m.toolchain, m.reason, m.jit),
+            (exact_for(&d, &m.module), cuda12(), Reason::ExactSass, false),
             "{}",
             m.module
         );
@@ -301,7 +344,7 @@ fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module() {
     let d = gpu("gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module");
-    let k = load_modules(&d, 0, Policy::PtxOnly, &cuda12_registry()).unwrap();
+    let k = load_available(&d, Policy::PtxOnly, &cuda12_registry()).unwrap();
     print(k.report());
     let sm = d.spec.capability.sm() as i32;
     for m in &k.report().modules {
@@ -345,9 +388,12 @@ fn gpu_toolchain_environment_switch_forces_cuda12() {
         .iter()
         .map(|m| m.module.as_str())
         .collect();
+    // (and any fast path built for other GPUs).
+    let d = k.device();
     let cuda: Vec<&str> = registry::modules()
         .iter()
         .filter(|m| m.kind == ModuleKind::Cuda)
+        .filter(|m| fast_path_unavailable(d, Policy::Auto, &ModuleSource::from_record(m)).is_none())
         .map(|m| m.name)
         .collect();
     assert_eq!(loaded, cuda);

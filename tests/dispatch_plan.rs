@@ -684,6 +684,47 @@ fn fast_path_modules_run_only_as_their_own_sass() {
         "{}",
         p.to_table()
     );
+    // Loading one directly where it does not run is refused with the reason, before any driver
+    // call: its trapping PTX is never handed out.
+    for (cap, policy) in [("8.0", Policy::Auto), ("9.0", Policy::PtxOnly)] {
+        let err = check_module(&dev(cap, false, "13.0"), policy, &modules[0]).unwrap_err();
+        assert!(
+            matches!(err, DispatchError::Unavailable { .. })
+                && err
+                    .to_string()
+                    .contains("a fast path built as SASS for sm_90a only")
+                && err.to_string().contains("load_available"),
+            "{err}"
+        );
+    }
+    // The oldest drivers the CLI names are those of the portable modules: a fast path that does
+    // not run on a GPU (or under a policy) adds no requirement there.
+    let all = ModuleSource::registry();
+    let portable: Vec<_> = all.iter().filter(|m| m.portable).cloned().collect();
+    for (cap, policy) in [
+        ("8.0", Policy::SassOnly),
+        ("8.0", Policy::Auto),
+        ("11.0", Policy::Auto),
+        ("9.0", Policy::Auto),
+        ("9.0", Policy::SassOnly),
+        ("9.0", Policy::PtxOnly),
+    ] {
+        let d = dev(cap, false, "11.8");
+        assert_eq!(
+            oldest_driver_for_all(d, policy, &all),
+            oldest_driver_for_all(d, policy, &portable),
+            "{cap} {policy}"
+        );
+        assert_eq!(
+            oldest_driver_for_plan(d, policy, &all),
+            oldest_driver_for_plan(d, policy, &portable),
+            "{cap} {policy}"
+        );
+        assert!(
+            oldest_driver_for_all(d, policy, &all).is_some(),
+            "{cap} {policy}"
+        );
+    }
     // A build without sm_90a: unavailable on the H200 too, never its PTX.
     let without: Vec<_> = modules
         .iter()

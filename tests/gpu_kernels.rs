@@ -10,7 +10,7 @@
 //! a 12.x driver would get them): SASS and PTX JIT, bitwise equal to the CUDA 13 images' outputs.
 
 use aot_kernels::dispatch::{
-    load_modules, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
+    load_available, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
 };
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
@@ -185,8 +185,8 @@ fn gpu_every_kernel_matches_its_reference_and_sass_equals_ptx() {
     eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
     let inputs = Inputs { seed };
 
-    let sass = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let ptx = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
     eprintln!("{}", sass.report().to_table());
     eprintln!("{}", ptx.report().to_table());
     assert!(
@@ -227,10 +227,10 @@ fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
             .map(|m| m.with_toolchains(ToolchainChoice::Major(major)))
             .collect()
     };
-    let cu13 = load_modules(&d, 0, Policy::Auto, &only(13)).unwrap();
+    let cu13 = load_available(&d, Policy::Auto, &only(13)).unwrap();
     let cu12 = only(12);
-    let cu12_sass = load_modules(&d, 0, Policy::Auto, &cu12).unwrap();
-    let cu12_ptx = load_modules(&d, 0, Policy::PtxOnly, &cu12).unwrap();
+    let cu12_sass = load_available(&d, Policy::Auto, &cu12).unwrap();
+    let cu12_ptx = load_available(&d, Policy::PtxOnly, &cu12).unwrap();
     for k in [&cu13, &cu12_sass, &cu12_ptx] {
         eprintln!("{}", k.report().to_table());
     }
@@ -272,7 +272,7 @@ fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
 #[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
 fn gpu_launchers_refuse_bad_shapes_without_launching() {
     let d = device();
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let stream = k.stream();
     let small = stream.alloc_zeros::<bf16>(10).unwrap();
     let mut out = stream.alloc_zeros::<bf16>(10).unwrap();

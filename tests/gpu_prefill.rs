@@ -186,6 +186,14 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
             Some(2000),
         ),
         gemm_case(&mut rng, "odd 37x40x24", GemmShape::dense(37, 40, 24), None),
+        // Nine row tiles: a full group of eight in the grouped tile order and a partial one;
+        // three column tiles, the last partial.
+        gemm_case(
+            &mut rng,
+            "grouped order 1100x520x320",
+            GemmShape::dense(1100, 520, 320),
+            Some(4000),
+        ),
         gemm_case(
             &mut rng,
             "odd strided 129x264x1000",

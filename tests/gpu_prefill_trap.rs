@@ -3,7 +3,7 @@
 //! can check them. A trap loses the CUDA context, so this test has a process of its own.
 //! `#[ignore]`d: it needs a GPU (run with `--include-ignored` there; the GPU bundle does).
 
-use aot_kernels::dispatch::{load_modules, open_device, ModuleSource, Policy};
+use aot_kernels::dispatch::{load_available, open_device, ModuleSource, Policy};
 use aot_kernels::ops::kv_cache::{block_elements, BlockTable};
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rotary::cos_sin_cache;
@@ -15,7 +15,7 @@ use half::bf16;
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_block_id_outside_the_cache_traps() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let s = k.stream();
     let (head_dim, tokens) = (64, 4);
     let p = QkNormRopeParams {

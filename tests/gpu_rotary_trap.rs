@@ -2,7 +2,7 @@
 //! A trap loses the CUDA context, so this test has a process (a test binary) of its own.
 //! `#[ignore]`d: it needs a GPU (run with `--include-ignored` there; the GPU bundle does).
 
-use aot_kernels::dispatch::{load_modules, open_device, ModuleSource, Policy};
+use aot_kernels::dispatch::{load_available, open_device, ModuleSource, Policy};
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, RotaryParams};
 use half::bf16;
 
@@ -10,7 +10,7 @@ use half::bf16;
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_rotary_position_out_of_range_traps() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let stream = k.stream();
     let p = RotaryParams {
         tokens: 2,

@@ -11,7 +11,7 @@ mod triton_common;
 
 use std::path::{Path, PathBuf};
 
-use aot_kernels::dispatch::{load_modules, open_device, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::gated_delta_net::{
     gdn_decode, gdn_prefill, gdn_reference, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
 };
@@ -169,8 +169,8 @@ fn gpu_triton_kernels_match_cpu_references_and_transformers() {
         "device \"{}\": {}; seed {seed} (AOT_SEED={seed} repeats this run)",
         d.name, d.spec
     );
-    let sass = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let ptx = load_modules(&d, 0, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+    let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
     eprintln!("{}", sass.report().to_table());
     for m in &sass.report().modules {
         if aot_kernels::ops::triton::record(&m.module).is_some() {
@@ -438,7 +438,7 @@ fn moe_reference_logits(w: &aot_kernels::ops::moe::MoeWeightsHost, x: &[bf16]) -
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_triton_launchers_refuse_bad_shapes() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_modules(&d, 0, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let st = k.stream();
     let x = st.alloc_zeros::<bf16>(9 * MOE.hidden).unwrap();
     let small = st.alloc_zeros::<bf16>(16).unwrap();

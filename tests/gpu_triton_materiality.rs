@@ -11,7 +11,7 @@
 
 mod triton_common;
 
-use aot_kernels::dispatch::{load_modules, open_device, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::gated_delta_net::{gdn_decode, gdn_prefill, GdnScratch, GdnState};
 use aot_kernels::ops::moe::{moe_forward, MoeScratch, MoeWeightsHost};
 use cudarc::driver::sys::CUevent_flags;
@@ -152,8 +152,8 @@ fn gpu_triton_sass_versus_ptx_jit() {
         moe_x: bf(&mut rng, 8 * MOE.hidden, 2.0),
     };
 
-    let sass = load_modules(&d, 0, Policy::Auto, &registry).unwrap();
-    let ptx = load_modules(&d, 0, Policy::PtxOnly, &registry).unwrap();
+    let sass = load_available(&d, Policy::Auto, &registry).unwrap();
+    let ptx = load_available(&d, Policy::PtxOnly, &registry).unwrap();
     let mut report = serde_json::Map::new();
     eprintln!("device \"{}\": {}", d.name, d.spec);
     eprintln!("\ncold JIT of each Triton module's sm_80 PTX (CUDA_CACHE_DISABLE=1) vs its exact SASS load:");
@@ -223,7 +223,7 @@ fn gpu_triton_sass_versus_ptx_jit() {
                 }
             })
             .collect();
-        let k = load_modules(&d, 0, Policy::Auto, &modules).unwrap();
+        let k = load_available(&d, Policy::Auto, &modules).unwrap();
         assert!(
             k.report()
                 .modules

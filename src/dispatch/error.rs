@@ -88,6 +88,8 @@ pub enum DispatchError {
         module: String,
         source: NoImageError,
     },
+    #[error("module {module} is unavailable here: {why}. Load modules with load_available (or load_all), which leaves such modules out")]
+    Unavailable { module: String, why: String },
     #[error(transparent)]
     Policy(#[from] ParsePolicyError),
     #[error(transparent)]

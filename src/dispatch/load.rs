@@ -384,6 +384,12 @@ pub fn check_module(
     policy: Policy,
     m: &ModuleSource,
 ) -> Result<(Selection, HashCheck), DispatchError> {
+    if let Some(why) = super::plan::fast_path_unavailable(device, policy, m) {
+        return Err(DispatchError::Unavailable {
+            module: m.name.clone(),
+            why,
+        });
+    }
     let sel = select_for_module(device, policy, m).map_err(|source| DispatchError::NoImage {
         module: m.name.clone(),
         source,

@@ -25,7 +25,9 @@ pub use load::{
     check_module, load_all, load_all_from_env, load_available, load_modules, LoadReport,
     LoadedKernels, ModuleReport, PDL_ENV,
 };
-pub use plan::{oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan};
+pub use plan::{
+    fast_path_unavailable, oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan,
+};
 pub use policy::{Policy, ToolchainChoice, POLICY_ENV, TOOLCHAIN_ENV};
 pub use select::{
     min_driver_for_image, select_image, DeviceSpec, ImageCandidate, NoImageError, Reason,

@@ -73,13 +73,44 @@ pub struct Plan {
     pub modules: Vec<ModulePlan>,
 }
 
-/// Selection for one module, as `select_image` decides it.
+/// Selection for one module, as `select_image` decides it. A fast path (manifest `portable =
+/// false`) is selected among its SASS only: its PTX holds no working code, and is never chosen.
 pub fn select_for_module(
     device: &DeviceSpec,
     policy: Policy,
     module: &ModuleSource,
 ) -> Result<Selection, NoImageError> {
-    select_image(device, policy, &module.candidates())
+    if module.portable {
+        return select_image(device, policy, &module.candidates());
+    }
+    let (index, sass): (Vec<usize>, Vec<_>) = module
+        .candidates()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| !c.target.virtual_arch)
+        .unzip();
+    let mut sel = select_image(device, policy, &sass)?;
+    sel.index = index[sel.index];
+    Ok(sel)
+}
+
+/// Why a fast path (manifest `portable = false`) does not run here, whatever the driver: the
+/// policy loads no SASS (`ptx-only`), or none of its SASS fits this GPU. `None` for a portable
+/// module, or where one of its SASS fits (a driver too old for it is then an error, as for any
+/// module).
+pub fn fast_path_unavailable(
+    device: &DeviceSpec,
+    policy: Policy,
+    m: &ModuleSource,
+) -> Option<String> {
+    if m.portable {
+        return None;
+    }
+    let fits = policy != Policy::PtxOnly
+        && m.images
+            .iter()
+            .any(|i| !i.is_ptx() && fits_device(i.target, device, policy));
+    (!fits).then(|| not_portable_reason(device, policy, m))
 }
 
 /// Why `m`, which has no usable image here, is unavailable by design rather than broken: the
@@ -135,29 +166,6 @@ fn unavailable_reason(
     ))
 }
 
-/// Selection for a fast path (manifest `portable = false`) among its SASS only: its PTX holds no
-/// working code. `None`: no SASS of it fits this GPU, or the policy loads none (`ptx-only`), so
-/// it is unavailable here. A SASS that fits but needs a newer driver stays an error, as for any
-/// other module.
-fn select_fast_path(
-    device: &DeviceSpec,
-    policy: Policy,
-    m: &ModuleSource,
-) -> Option<Result<Selection, NoImageError>> {
-    if policy == Policy::PtxOnly {
-        return None;
-    }
-    let sass: Vec<_> = m
-        .candidates()
-        .into_iter()
-        .filter(|c| !c.target.virtual_arch && fits_device(c.target, device, policy))
-        .collect();
-    if sass.is_empty() {
-        return None;
-    }
-    Some(select_image(device, policy, &sass))
-}
-
 /// Why a fast path (manifest `portable = false`) does not run here: no SASS of it fits this GPU
 /// or the policy, and its PTX is no fallback.
 fn not_portable_reason(device: &DeviceSpec, policy: Policy, m: &ModuleSource) -> String {
@@ -201,17 +209,13 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                     sha256: img.sha256.clone(),
                 })
                 .collect();
-            let selection = if m.portable {
-                Some(select_for_module(&device, policy, m))
-            } else {
-                select_fast_path(&device, policy, m)
+            let selection = match fast_path_unavailable(&device, policy, m) {
+                Some(why) => Err(why),
+                None => Ok(select_for_module(&device, policy, m)),
             };
             let (choice, error, unavailable) = match selection {
-                None => {
-                    let why = not_portable_reason(&device, policy, m);
-                    (None, Some(why.clone()), Some(why))
-                }
-                Some(Ok(sel)) => (
+                Err(why) => (None, Some(why.clone()), Some(why)),
+                Ok(Ok(sel)) => (
                     Some(Choice {
                         target: sel.target,
                         toolchain: sel.toolchain,
@@ -223,7 +227,7 @@ pub fn plan(device: DeviceSpec, policy: Policy, simulated: bool, modules: &[Modu
                     None,
                     None,
                 ),
-                Some(Err(e)) => (
+                Ok(Err(e)) => (
                     None,
                     Some(e.to_string()),
                     unavailable_reason(&device, policy, m, &every),
@@ -260,16 +264,18 @@ pub fn oldest_driver_for_plan(
 }
 
 /// The oldest driver with which every module (those a build made with only some toolchains
-/// included) has an image on this GPU under `policy`, if any driver would do.
+/// included) has an image on this GPU under `policy`, if any driver would do. Fast paths that do
+/// not run on this GPU under `policy` at all are no part of "every module" here.
 pub fn oldest_driver_for_all(
     device: DeviceSpec,
     policy: Policy,
     modules: &[ModuleSource],
 ) -> Option<Version> {
     oldest_driver_where(device, modules, |d| {
-        modules
-            .iter()
-            .all(|m| select_for_module(&d, policy, m).is_ok())
+        modules.iter().all(|m| {
+            fast_path_unavailable(&d, policy, m).is_some()
+                || select_for_module(&d, policy, m).is_ok()
+        })
     })
 }
 

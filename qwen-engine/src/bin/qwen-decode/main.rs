@@ -236,7 +236,7 @@ fn kernels(args: KernelsArgs) -> ExitCode {
     let unavailable: Vec<&str> = plan.unavailable().map(|m| m.module.as_str()).collect();
     let note = (!unavailable.is_empty() && error.is_none()).then(|| {
         format!(
-            "{} module(s) unavailable on this device: {}. The plan says why for each: the Triton modules are built with CUDA 13 only, which a 12.x driver or toolchain choice cannot serve (the Qwen3 engine does not use them); a fast path built for other GPUs (gemm_bf16_sm90: sm_90a only) gives way to its portable kernel. Every other module has an image.",
+            "{} module(s) unavailable on this device: {}. The plan says why for each. The Triton modules are built with CUDA 13 only, which a 12.x driver or a toolchain choice cannot serve (the Qwen3 engine does not use them). A fast path (gemm_bf16_sm90: sm_90a SASS only) runs only where its SASS fits and the policy loads SASS; elsewhere its portable kernel serves. Every other module has an image.",
             unavailable.len(),
             unavailable.join(", ")
         )
