@@ -410,6 +410,29 @@ targets = ["sm_90a"]
     }
 
     #[test]
+    fn portable_defaults_to_true_and_false_needs_own_targets() {
+        let m = parse(GOOD).unwrap();
+        assert!(m.modules.iter().all(|m| m.portable));
+        let fast = GOOD.replace(
+            "targets = [\"sm_90a\"]",
+            "targets = [\"sm_90a\"]\nportable = false",
+        );
+        let m = parse(&fast).unwrap();
+        assert!(m.modules[0].portable && !m.modules[1].portable);
+        // A fast path must say which SASS it runs as.
+        let bad = GOOD.replace(
+            "entries = [\"rmsnorm_bf16\"]",
+            "entries = [\"rmsnorm_bf16\"]\nportable = false",
+        );
+        let err = parse(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("module[0] (rmsnorm).portable")
+                && err.contains("needs the module's own `targets`"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn parses_modules_and_targets() {
         let m = parse(GOOD).unwrap();
         assert_eq!(m.modules.len(), 2);
