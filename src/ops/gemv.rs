@@ -69,6 +69,13 @@ pub struct GemvShape {
 
 /// The layout for `n` rows on a GPU with `sm_count` SMs: warps take whole tiles when there are
 /// enough tiles for eight warps on every SM; otherwise blocks take tiles in turn and split K.
+///
+/// Two finer distributions were measured on the H200 and lost (README, "Results on the H200";
+/// logs and patches under `bench/gpu-runs/`): the (tile, chunk) units split evenly over the
+/// blocks, a tile shared by two blocks finished from a workspace (-13%: the fence, counter and
+/// re-read at the end of a launch are a serial tail), and a block's tiles in groups of four spread
+/// over all eight warps (-1.4 to -2.3% even with the loads kept back to back: qkv gained 0.8 us,
+/// gate_up lost 1.6 with every warp of the SM streaming).
 pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
     let tiles = n.div_ceil(TILE_ROWS).max(1);
     let sm = sm_count.max(1);
