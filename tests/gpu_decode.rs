@@ -118,11 +118,10 @@ struct GemvCase {
     epi: Epi,
 }
 
-/// How far the sum of squares of one 16-row group of a token's h may move because some of its
-/// elements rounded to the neighbouring bf16: `sum |got^2 - want^2|` over the group.
-fn rows_flip_bound(got_h: &[bf16], want_h: &[bf16], group: usize, n: usize) -> f32 {
-    (group * TILE_ROWS..((group + 1) * TILE_ROWS).min(n))
-        .map(|r| (got_h[r].to_f32().powi(2) - want_h[r].to_f32().powi(2)).abs())
+/// How far the sum of squares of some rows of a token's h may move because some of its elements
+/// rounded to the neighbouring bf16: `sum |got^2 - want^2|` over `rows`.
+fn rows_flip_bound(got_h: &[bf16], want_h: &[bf16], rows: std::ops::Range<usize>) -> f32 {
+    rows.map(|r| (got_h[r].to_f32().powi(2) - want_h[r].to_f32().powi(2)).abs())
         .sum()
 }
 
@@ -471,6 +470,7 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
                             let got_s = f32::from_bits(got[m * c.n + g * MAX_TOKENS + t]);
                             let rows = g * TILE_ROWS..((g + 1) * TILE_ROWS).min(c.n);
                             let exact: f64 = rows
+                                .clone()
                                 .map(|r| f64::from(got_h[t * c.n + r].to_f32()).powi(2))
                                 .sum();
                             assert!(
@@ -480,7 +480,7 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
                             // And near the reference's (the h check above bounds the flips).
                             let want_s = want_ssq[g * MAX_TOKENS + t];
                             let flips: f32 =
-                                rows_flip_bound(&got_h[t * c.n..], &want_h[t * c.n..], g, c.n);
+                                rows_flip_bound(&got_h[t * c.n..], &want_h[t * c.n..], rows);
                             assert!(
                                 (got_s - want_s).abs() <= 1e-3 * want_s.abs() + flips,
                                 "{label}: ssq[{g}][{t}] {got_s} vs reference {want_s} (h flips allow {flips})"

@@ -313,11 +313,12 @@ pub fn load_available(
         match &p.unavailable {
             // A fast path built for other GPUs is expected to be absent: its launcher runs the
             // portable kernel. A portable module missing is worth a warning.
-            Some(why) if !m.portable => log::info!(
-                "aot-kernels: {} not loaded, unavailable here: {why}",
-                m.name
-            ),
-            Some(why) => log::warn!(
+            Some(why) => log::log!(
+                if m.portable {
+                    log::Level::Warn
+                } else {
+                    log::Level::Info
+                },
                 "aot-kernels: {} not loaded, unavailable here: {why}",
                 m.name
             ),

@@ -220,19 +220,8 @@ pub fn gemm_bf16_on(
     w: &CudaSlice<bf16>,
     s: &GemmShape,
 ) -> Result<(), OpsError> {
-    let op = "gemm_bf16";
-    let cfg = checked_config(op, kernels, kernel, a, w, s)?;
-    check_rows(op, "c", c.len(), s.m, s.n, s.ldc)?;
-    let mut args = args(s, a, w);
-    args.insert(0, Arg::Out(c));
-    launch(
-        kernels,
-        op,
-        kernel.module(),
-        kernel.entry(false),
-        cfg,
-        &mut args,
-    )
+    let c_len = c.len();
+    run(kernels, "gemm_bf16", kernel, Arg::Out(c), c_len, a, w, s)
 }
 
 /// [`gemm_bf16_f32out`] on the kernel named.
@@ -244,19 +233,38 @@ pub fn gemm_bf16_f32out_on(
     w: &CudaSlice<bf16>,
     s: &GemmShape,
 ) -> Result<(), OpsError> {
-    let op = "gemm_bf16_f32out";
-    let cfg = checked_config(op, kernels, kernel, a, w, s)?;
-    check_rows(op, "c", c.len(), s.m, s.n, s.ldc)?;
-    let mut args = args(s, a, w);
-    args.insert(0, Arg::OutF32(c));
-    launch(
+    let c_len = c.len();
+    run(
         kernels,
-        op,
-        kernel.module(),
-        kernel.entry(true),
-        cfg,
-        &mut args,
+        "gemm_bf16_f32out",
+        kernel,
+        Arg::OutF32(c),
+        c_len,
+        a,
+        w,
+        s,
     )
+}
+
+/// Checks the shapes and launches `kernel` into `c` (`Arg::Out` for bf16, `Arg::OutF32` for
+/// fp32, holding `c_len` elements).
+#[allow(clippy::too_many_arguments)]
+fn run<'a>(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    kernel: GemmKernel,
+    c: Arg<'a>,
+    c_len: usize,
+    a: &'a CudaSlice<bf16>,
+    w: &'a CudaSlice<bf16>,
+    s: &GemmShape,
+) -> Result<(), OpsError> {
+    let cfg = checked_config(op, kernels, kernel, a, w, s)?;
+    check_rows(op, "c", c_len, s.m, s.n, s.ldc)?;
+    let entry = kernel.entry(matches!(c, Arg::OutF32(_)));
+    let mut args = args(s, a, w);
+    args.insert(0, c);
+    launch(kernels, op, kernel.module(), entry, cfg, &mut args)
 }
 
 fn checked_config(
