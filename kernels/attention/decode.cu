@@ -69,34 +69,48 @@ struct AttnDecodeParams {
     int pad_;
 };
 
-// One head of the new token through RMSNorm (`w`, or none for v) and NeoX RoPE at `pos`: lane
-// holds dims j = lane + 32 i and j + d/2, i < d/64, rounded to bf16 as the model stores them.
+// One head of the new token: lane holds dims j = lane + 32 i and j + d/2, i < d/64, as raw values
+// (`head_load`), then through RMSNorm with `w` and NeoX RoPE at `pos` (`head_finish`), rounded to
+// bf16 as the model stores them. The kernel requests the raw values first, so that their round
+// trip overlaps the cache's addresses.
 template <int D>
-__device__ __forceinline__ void head_prologue(const AttnDecodeParams& p, const __nv_bfloat16* raw, const __nv_bfloat16* w,
-                                              int pos, float (&x)[D / 32]) {
+__device__ __forceinline__ void head_load(const __nv_bfloat16* raw, float (&x)[D / 32]) {
+    constexpr int kHalf = D / 2;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < D / 64; ++i) {
+        x[2 * i] = __bfloat162float(raw[lane + 32 * i]);
+        x[2 * i + 1] = __bfloat162float(raw[lane + 32 * i + kHalf]);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void head_finish(const AttnDecodeParams& p, const __nv_bfloat16* w, int pos,
+                                            float (&x)[D / 32]) {
     constexpr int kPer = D / 64;
     constexpr int kHalf = D / 2;
     const int lane = threadIdx.x & 31;
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        x[2 * i] = __bfloat162float(raw[lane + 32 * i]);
-        x[2 * i + 1] = __bfloat162float(raw[lane + 32 * i + kHalf]);
-        sum_sq += x[2 * i] * x[2 * i] + x[2 * i + 1] * x[2 * i + 1];
-    }
-    if (w == nullptr) return;
-    const float scale = rsqrtf(aot::warp_sum(sum_sq) / static_cast<float>(D) + p.eps);
+    // The norm weights and the rotary row are requested before the sum of squares waits on x.
     const float* cs = p.cos_sin + static_cast<int64_t>(pos) * D;
+    float wl[kPer], wh[kPer], c[kPer], sn[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const int j = lane + 32 * i;
-        const float x1 = aot::round_bf16((__bfloat162float(w[j]) + p.norm_offset) * aot::round_bf16(x[2 * i] * scale));
-        const float x2 =
-            aot::round_bf16((__bfloat162float(w[j + kHalf]) + p.norm_offset) * aot::round_bf16(x[2 * i + 1] * scale));
-        const float c = cs[j];
-        const float sn = cs[j + kHalf];
-        x[2 * i] = aot::round_bf16(x1 * c - x2 * sn);
-        x[2 * i + 1] = aot::round_bf16(x2 * c + x1 * sn);
+        wl[i] = __bfloat162float(w[j]);
+        wh[i] = __bfloat162float(w[j + kHalf]);
+        c[i] = cs[j];
+        sn[i] = cs[j + kHalf];
+    }
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sum_sq += x[2 * i] * x[2 * i] + x[2 * i + 1] * x[2 * i + 1];
+    const float scale = rsqrtf(aot::warp_sum(sum_sq) / static_cast<float>(D) + p.eps);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const float x1 = aot::round_bf16((wl[i] + p.norm_offset) * aot::round_bf16(x[2 * i] * scale));
+        const float x2 = aot::round_bf16((wh[i] + p.norm_offset) * aot::round_bf16(x[2 * i + 1] * scale));
+        x[2 * i] = aot::round_bf16(x1 * c[i] - x2 * sn[i]);
+        x[2 * i + 1] = aot::round_bf16(x2 * c[i] + x1 * sn[i]);
     }
 }
 
@@ -173,12 +187,17 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     __shared__ float merge_m[kWarps][kMaxGroup];
     __shared__ float merge_l[kWarps][kMaxGroup];
     __shared__ unsigned is_last;
+    // The new token's key and value as written to the cache, for the warp that scores its block.
+    __shared__ __align__(16) __nv_bfloat16 new_kv[2][D];
 
     const int kvh = blockIdx.x;
     const int row = blockIdx.y;
     const int split = blockIdx.z;
     const int group = G > 0 ? G : p.q_heads / p.kv_heads;
+    // Positions, slots and block tables are the host's (copied before the step), never an
+    // earlier kernel's: they may be read before pdl_wait.
     const int pos = p.positions[row];
+    const int slot = p.slot_of_row[row];
     const int ctx = pos + 1;
     const Splits sp = attn_splits(ctx);
     if (sp.count > static_cast<int>(gridDim.z) || pos < 0 || pos >= p.max_pos || pos / kBlockTokens >= p.ld_bt ||
@@ -193,10 +212,18 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int t_end = min(ctx, t_begin + sp.tokens);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int slot = p.slot_of_row[row];
     const int* table = p.block_table + static_cast<int64_t>(slot) * p.ld_bt;
     const __nv_bfloat16* raw = p.qkv + static_cast<int64_t>(row) * p.ld_qkv;
     const int ld_q = p.q_heads * D;  // out rows
+
+    // The raw values of this warp's first query head and, in warps 0 and 1 of the split holding
+    // the new position, of the new key or value: requested before the cache's addresses, so that
+    // the two round trips overlap.
+    const bool writer = split == sp.count - 1 && warp < 2;
+    float q_first[D / 32], kv_new[D / 32];
+    if (warp < group) head_load<D>(raw + (kvh * group + warp) * D, q_first);
+    if (writer) head_load<D>(raw + (p.q_heads + (warp == 0 ? 0 : p.kv_heads) + kvh) * D, kv_new);
+    const int new_blk = writer ? table[pos / kBlockTokens] : 0;
 
     // This warp's first cache block, loaded before anything else so that its latency overlaps
     // the query's preparation (keys and values need nothing this kernel computes, except the
@@ -219,7 +246,13 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     // model rounds them, so storing them as bf16 loses nothing.
     for (int h = warp; h < group; h += kWarps) {
         float x[D / 32];
-        head_prologue<D>(p, raw + (kvh * group + h) * D, p.q_norm, pos, x);
+        if (h == warp) {
+#pragma unroll
+            for (int i = 0; i < D / 32; ++i) x[i] = q_first[i];
+        } else {
+            head_load<D>(raw + (kvh * group + h) * D, x);
+        }
+        head_finish<D>(p, p.q_norm, pos, x);
 #pragma unroll
         for (int i = 0; i < D / 64; ++i) {
             const int j = lane + 32 * i;
@@ -227,20 +260,23 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             q_b[h * D + j + kHalf] = __float2bfloat16_rn(x[2 * i + 1]);
         }
     }
-    // The split holding the new position writes its key and value into the cache.
-    if (split == sp.count - 1 && warp < 2) {
-        const int blk = table[pos / kBlockTokens];
-        if (blk < 0) __trap();
+    // The split holding the new position writes its key (normed, rotated) and value into the
+    // cache, and into shared memory for the warp whose block holds them.
+    if (writer) {
+        if (new_blk < 0) __trap();
         const bool is_k = warp == 0;
-        float x[D / 32];
-        head_prologue<D>(p, raw + (p.q_heads + (is_k ? 0 : p.kv_heads) + kvh) * D, is_k ? p.k_norm : nullptr, pos, x);
+        if (is_k) head_finish<D>(p, p.k_norm, pos, kv_new);
         __nv_bfloat16* dst = (is_k ? p.k_cache : p.v_cache) +
-                             ((static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens + pos % kBlockTokens) * D;
+                             ((static_cast<int64_t>(new_blk) * p.kv_heads + kvh) * kBlockTokens + pos % kBlockTokens) * D;
 #pragma unroll
         for (int i = 0; i < D / 64; ++i) {
             const int j = lane + 32 * i;
-            dst[j] = __float2bfloat16_rn(x[2 * i]);
-            dst[j + kHalf] = __float2bfloat16_rn(x[2 * i + 1]);
+            const __nv_bfloat16 lo = __float2bfloat16_rn(kv_new[2 * i]);
+            const __nv_bfloat16 hi = __float2bfloat16_rn(kv_new[2 * i + 1]);
+            dst[j] = lo;
+            dst[j + kHalf] = hi;
+            new_kv[warp][j] = lo;
+            new_kv[warp][j + kHalf] = hi;
         }
     }
     // Makes the query and the written key/value visible to the whole block.
@@ -290,11 +326,12 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             }
         }
         if (kPrefetch && b == b0) {
-            // The new token's key and value were written after the prefetch: read them again.
+            // The new token's key and value were written after the prefetch: patch them in from
+            // shared memory.
             if (b == pos / kBlockTokens) {
                 const int q = pos % kBlockTokens;
                 if (g == q || g + 8 == q) {
-                    const uint4* krow = reinterpret_cast<const uint4*>(p.k_cache + (base + q) * D + 8 * t);
+                    const uint4* krow = reinterpret_cast<const uint4*>(new_kv[0] + 8 * t);
 #pragma unroll
                     for (int c = 0; c < D / 32; ++c) {
                         const uint4 fresh = krow[4 * c];
@@ -305,7 +342,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
                         }
                     }
                 }
-                const uint4* vrow = reinterpret_cast<const uint4*>(p.v_cache + (base + q) * D + 8 * g);
+                const uint4* vrow = reinterpret_cast<const uint4*>(new_kv[1] + 8 * g);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     if (v_token(t, i) == q) {  // constant indices keep the block in registers
