@@ -308,6 +308,22 @@ fn expert(x: &[bf16], gate_up: &[bf16], down: &[bf16], h: usize, i: usize) -> Ve
         .collect()
 }
 
+/// The routing of one token from its bf16 router logits (the experts' only, not the shared
+/// gate's): `p = softmax(logits)`, the `top_k` largest (ties to the lower index) and their
+/// weights `bf16(p / sum of the chosen p)`.
+pub fn route(logits: &[bf16], top_k: usize) -> (Vec<usize>, Vec<bf16>) {
+    let l: Vec<f64> = logits.iter().map(|v| f64::from(v.to_f32())).collect();
+    let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    // Descending probability, ties to the lower index (a stable sort keeps index order).
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    order.truncate(top_k);
+    let sum: f64 = order.iter().map(|&j| p[j]).sum();
+    let weights = order.iter().map(|&j| bf16::from_f64(p[j] / sum)).collect();
+    (order, weights)
+}
+
 /// Reference of [`moe_forward`] for `x` `[tokens, hidden]`.
 pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeReference {
     let (h, e, kk, i) = (shape.hidden, shape.experts, shape.top_k, shape.inter);
@@ -322,15 +338,8 @@ pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeRef
             .map(|j| bf16::from_f64(dot(&w.router[j * h..(j + 1) * h], xt)))
             .chain(std::iter::once(bf16::from_f64(dot(&w.shared_gate, xt))))
             .collect();
-        let l: Vec<f64> = row[..e].iter().map(|v| f64::from(v.to_f32())).collect();
-        let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let p: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
-        let mut order: Vec<usize> = (0..e).collect();
-        // Descending probability, ties to the lower index (a stable sort keeps index order).
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-        let chosen = &order[..kk];
-        let sum: f64 = chosen.iter().map(|&j| p[j]).sum();
-        let weights: Vec<bf16> = chosen.iter().map(|&j| bf16::from_f64(p[j] / sum)).collect();
+        let (chosen, weights) = route(&row[..e], kk);
+        let chosen = &chosen[..];
         // Sum over experts in ascending expert order, in bf16, as transformers' index_add_ loop.
         let mut by_expert: Vec<(usize, bf16)> = chosen
             .iter()
