@@ -16,7 +16,8 @@ use aot_kernels::ops::gated_delta_net::{
     gdn_decode, gdn_prefill, gdn_reference, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
 };
 use aot_kernels::ops::moe::{
-    moe_forward, moe_reference, route, routing_margin_ulps, MoeLayer, MoeScratch, MoeWeightsHost,
+    moe_forward, moe_reference, moe_reference_from_logits, routing_margin_ulps, MoeLayer,
+    MoeScratch, MoeWeightsHost,
 };
 use half::bf16;
 use rand::Rng;
@@ -297,26 +298,28 @@ fn gpu_triton_kernels_match_cpu_references_and_transformers() {
                 &logits,
                 &want.logits,
             );
-            // The weights against the routing of the kernel's own logits: a logit one bf16 ulp
-            // off (another summation order, within the logits' check above) moves the weights by
-            // several bf16 ulps. Against the reference's logits, seed 13172502825071228932 put one
-            // weight of 48 past 2 ulps (1.3e-3 of the largest).
-            let own: Vec<bf16> = logits
-                .chunks(MOE.experts + 1)
-                .flat_map(|row| route(&row[..MOE.experts], MOE.top_k).1)
-                .collect();
+            // Weights and output against the reference fed the kernel's own logits: a logit one
+            // bf16 ulp off (another summation order, within the check above) moves the weights
+            // and the output by several ulps. Against the reference's logits, seed
+            // 13172502825071228932 put one routing weight of 48 past 2 ulps, and seed
+            // 14398937561076549503 3.3% of 6 tokens' outputs.
+            let own = moe_reference_from_logits(&MOE, &w, x, &logits);
+            assert_eq!(
+                ids, own.topk_ids,
+                "[{path}] {tokens} tokens: routing of its logits"
+            );
             let weights: Vec<bf16> =
                 download(st, &scratch.topk_weights)[..tokens * MOE.top_k].to_vec();
             check_bf16(
                 &format!("[{path}] moe {tokens} tokens routing weights vs CPU from its logits"),
                 &weights,
-                &own,
+                &own.topk_weights,
             );
             let got = download(st, &out);
             check_bf16(
-                &format!("[{path}] moe {tokens} tokens out vs CPU"),
+                &format!("[{path}] moe {tokens} tokens out vs CPU from its logits"),
                 &got,
-                &want.out,
+                &own.out,
             );
             if path == "sass" {
                 cases.push(write_moe_case(&dir, x, &got, &ids));

@@ -326,18 +326,37 @@ pub fn route(logits: &[bf16], top_k: usize) -> (Vec<usize>, Vec<bf16>) {
 
 /// Reference of [`moe_forward`] for `x` `[tokens, hidden]`.
 pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeReference {
+    let (h, e) = (shape.hidden, shape.experts);
+    let logits: Vec<bf16> = x
+        .chunks(h)
+        .flat_map(|xt| {
+            (0..e)
+                .map(|j| bf16::from_f64(dot(&w.router[j * h..(j + 1) * h], xt)))
+                .chain(std::iter::once(bf16::from_f64(dot(&w.shared_gate, xt))))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    moe_reference_from_logits(shape, w, x, &logits)
+}
+
+/// [`moe_reference`] from the router logits `[tokens, experts + 1]` given (the shared gate's
+/// last): the routing and the output that follow from them. A GPU check feeds it the kernel's own
+/// logits, so that a logit one bf16 ulp off (another summation order, within the logits' own
+/// check) is not counted again in the weights and the output it moves by several ulps.
+pub fn moe_reference_from_logits(
+    shape: &MoeShape,
+    w: &MoeWeightsHost,
+    x: &[bf16],
+    logits: &[bf16],
+) -> MoeReference {
     let (h, e, kk, i) = (shape.hidden, shape.experts, shape.top_k, shape.inter);
     let tokens = x.len() / h;
-    let mut logits = Vec::with_capacity(tokens * (e + 1));
     let mut topk_ids = Vec::with_capacity(tokens * kk);
     let mut topk_weights = Vec::with_capacity(tokens * kk);
     let mut out = Vec::with_capacity(tokens * h);
     for t in 0..tokens {
         let xt = &x[t * h..(t + 1) * h];
-        let row: Vec<bf16> = (0..e)
-            .map(|j| bf16::from_f64(dot(&w.router[j * h..(j + 1) * h], xt)))
-            .chain(std::iter::once(bf16::from_f64(dot(&w.shared_gate, xt))))
-            .collect();
+        let row = &logits[t * (e + 1)..(t + 1) * (e + 1)];
         let (chosen, weights) = route(&row[..e], kk);
         let chosen = &chosen[..];
         // Sum over experts in ascending expert order, in bf16, as transformers' index_add_ loop.
@@ -368,12 +387,11 @@ pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeRef
                 .zip(shared)
                 .map(|(a, s)| bf16::from_f64(a + round(s * gate))),
         );
-        logits.extend(row);
         topk_ids.extend(chosen.iter().map(|&j| j as i32));
         topk_weights.extend(weights);
     }
     MoeReference {
-        logits,
+        logits: logits.to_vec(),
         topk_ids,
         topk_weights,
         out,
