@@ -19,8 +19,9 @@ use aot_kernels::ops::attention::{
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
-    gemv, gemv_reference, norm_input_reference, norm_input_with_scales, residual_groups,
-    residual_reference, silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS, TILE_ROWS,
+    gemv, gemv_reference, gemv_shape, norm_input_reference, norm_input_with_scales,
+    residual_groups, residual_reference, silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS,
+    TILE_ROWS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -318,7 +319,32 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
     let d = device();
     let sass = kernels(&d, Policy::Auto);
     let ptx = kernels(&d, Policy::PtxOnly);
-    let cases = [
+    // Narrow launches whose blocks take two tiles at once (four warps a tile) on any GPU: 3 x SMs
+    // + 1 tiles over 2 x SMs blocks, so blocks 0..=SMs have a pair and the rest one tile, with K
+    // of 7 and of 4 chunks (slices of 2, 2, 2, 1 and some warps without one).
+    let pair_tiles = 3 * sass.sm_count() + 1;
+    let mut cases = vec![
+        GemvCase {
+            name: "narrow pairs, 3 x SMs + 1 tiles x 200, residual",
+            n: pair_tiles * 16,
+            k: 200,
+            norm: false,
+            epi: Epi::Residual,
+        },
+        GemvCase {
+            name: "narrow pairs, 3 x SMs + 1 tiles x 104, norm f32",
+            n: pair_tiles * 16 - 5,
+            k: 104,
+            norm: true,
+            epi: Epi::F32,
+        },
+    ];
+    let pair_shape = gemv_shape(cases[0].n, sass.sm_count());
+    assert!(
+        pair_shape.narrow && pair_shape.blocks < pair_tiles,
+        "the pair cases must be narrow with fewer blocks than tiles: {pair_shape:?}"
+    );
+    cases.extend([
         GemvCase {
             name: "o_proj 2560x4096 bf16",
             n: 2560,
@@ -393,7 +419,7 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             norm: true,
             epi: Epi::SiluMul,
         },
-    ];
+    ]);
     for c in &cases {
         for m in [1usize, 3, 8] {
             let w = rand_bf16(&mut rng, c.n * c.k, (3.0 / c.k as f32).sqrt());

@@ -12,6 +12,7 @@ mod triton_common;
 use std::path::{Path, PathBuf};
 
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::gated_delta_net::{
     gdn_decode, gdn_prefill, gdn_reference, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
 };
@@ -310,16 +311,34 @@ fn gpu_triton_kernels_match_cpu_references_and_transformers() {
             );
             let weights: Vec<bf16> =
                 download(st, &scratch.topk_weights)[..tokens * MOE.top_k].to_vec();
-            check_bf16(
-                &format!("[{path}] moe {tokens} tokens routing weights vs CPU from its logits"),
-                &weights,
-                &own.topk_weights,
+            // From the same logits only the fp32 softmax differs from the float64 one: at most
+            // a rounding flip, for every weight.
+            let worst = weights
+                .iter()
+                .zip(&own.topk_weights)
+                .map(|(g, w)| ulp_distance(*g, *w))
+                .max()
+                .unwrap_or(0);
+            eprintln!("[{path}] moe {tokens} tokens routing weights vs CPU from its logits: at most {worst} ulp apart");
+            assert!(
+                worst <= 1,
+                "[{path}] moe {tokens} tokens routing weights: {worst} ulps from the routing of its logits \
+                 (got {weights:?}, want {:?})",
+                own.topk_weights
             );
             let got = download(st, &out);
             check_bf16(
                 &format!("[{path}] moe {tokens} tokens out vs CPU from its logits"),
                 &got,
                 &own.out,
+            );
+            // End to end against the reference's own logits, on the largest error only: a logit
+            // error that the logits' check lets through (the shared gate's column is 1 value in
+            // 257 of it) cannot move the output far unnoticed, on either path.
+            let (rel, _) = bf16_error(&got, &want.out);
+            assert!(
+                rel <= BF16_MAX_REL,
+                "[{path}] moe {tokens} tokens out vs CPU end to end: max |diff| {rel:.2e} of max"
             );
             if path == "sass" {
                 cases.push(write_moe_case(&dir, x, &got, &ids));

@@ -194,8 +194,8 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int row = blockIdx.y;
     const int split = blockIdx.z;
     const int group = G > 0 ? G : p.q_heads / p.kv_heads;
-    // Positions, slots and block tables are the host's (copied before the step), never an
-    // earlier kernel's: they may be read before pdl_wait.
+    // Positions and slots are the host's (copied before the step), never an earlier kernel's:
+    // they may be read before pdl_wait (src/ops/attention.rs states the contract).
     const int pos = p.positions[row];
     const int slot = p.slot_of_row[row];
     const int ctx = pos + 1;

@@ -14,10 +14,11 @@
 //           a last odd one with all eight; a tile's warps split K, then add their partial sums in
 //           shared memory in warp order. (Pairs: a block with two tiles streams each warp's 20
 //           chunks of qkv in three rounds of loads instead of four, and pays one barrier and
-//           reduction instead of two: qkv 13.7 -> 12.8 us at one token on the H200.)
+//           reduction instead of two: qkv 13.7 -> 12.3 us at one token on the H200.)
 // Either way a result is complete inside one warp or one block: no workspace, no atomics, and the
-// order of every sum is fixed by the shapes, never by timing. A token's result never depends on
-// the other tokens of the batch.
+// order of every sum is fixed by the launch layout (the shapes and the SM count: whether a narrow
+// tile is split four or eight ways depends on the block count), never by timing. A token's result
+// never depends on the other tokens of the batch.
 //
 // Prologue (`gemv_norm_bf16`): x is the residual stream h; every block builds
 // `bf16((w + offset) * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group

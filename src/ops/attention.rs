@@ -164,6 +164,10 @@ pub struct AttnDecode<'a> {
     pub v_cache: DevMut<'a, bf16>,
     pub block_table: DevRef<'a, i32>,
     pub ld_bt: usize,
+    /// `[m]`: each row's block-table row. Like `positions`, the kernel reads it before it waits
+    /// for the kernel before it under programmatic dependent launch (`AOT_KERNELS_PDL=1`): both
+    /// must come from the host or from work finished before that kernel started (a copy on the
+    /// stream), never from the kernel just before on the stream.
     pub slot_of_row: DevRef<'a, i32>,
     /// `[m]`: the new token's position; the row attends to positions `0..=pos`.
     pub positions: DevRef<'a, i32>,
