@@ -17,8 +17,8 @@ use aot_kernels::ops::gated_delta_net::{
     gdn_decode, gdn_prefill, gdn_reference, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
 };
 use aot_kernels::ops::moe::{
-    moe_forward, moe_reference, moe_reference_from_logits, routing_margin_ulps, MoeLayer,
-    MoeScratch, MoeWeightsHost,
+    moe_forward, moe_reference, moe_reference_from_logits, moe_router_logits_reference,
+    routing_margin_ulps, MoeLayer, MoeScratch, MoeWeightsHost,
 };
 use half::bf16;
 use rand::Rng;
@@ -357,7 +357,7 @@ fn moe_inputs(rng: &mut impl Rng, w: &MoeWeightsHost) -> Vec<Vec<bf16>> {
         .map(|tokens| {
             (0..50)
                 .map(|_| bf(rng, tokens * MOE.hidden, 2.0))
-                .find(|x| routing_margin_ulps(&MOE, &moe_reference_logits(w, x)) >= 2)
+                .find(|x| routing_margin_ulps(&MOE, &moe_router_logits_reference(&MOE, w, x)) >= 2)
                 .expect("no input with a clear top-8 in 50 draws")
         })
         .collect()
@@ -450,25 +450,6 @@ fn cpu_references_match_transformers() {
     write_index(&dir, moe_seed, &w, cases);
     run_oracle(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn moe_reference_logits(w: &aot_kernels::ops::moe::MoeWeightsHost, x: &[bf16]) -> Vec<bf16> {
-    // Only the router is needed to judge the margin: a reference on a one-expert-free copy is
-    // cheap enough, but the logits alone are cheaper still.
-    let h = MOE.hidden;
-    let mut out = Vec::new();
-    for xt in x.chunks(h) {
-        for e in 0..MOE.experts {
-            let dot: f64 = w.router[e * h..(e + 1) * h]
-                .iter()
-                .zip(xt)
-                .map(|(a, b)| f64::from(a.to_f32()) * f64::from(b.to_f32()))
-                .sum();
-            out.push(bf16::from_f64(dot));
-        }
-        out.push(bf16::ZERO);
-    }
-    out
 }
 
 #[test]

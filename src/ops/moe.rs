@@ -324,18 +324,23 @@ pub fn route(logits: &[bf16], top_k: usize) -> (Vec<usize>, Vec<bf16>) {
     (order, weights)
 }
 
-/// Reference of [`moe_forward`] for `x` `[tokens, hidden]`.
-pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeReference {
+/// The router logits of `x` `[tokens, hidden]`: `[tokens, experts + 1]` bf16, the shared gate's
+/// last, each `bf16(w . x)` of a float64 dot product.
+pub fn moe_router_logits_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> Vec<bf16> {
     let (h, e) = (shape.hidden, shape.experts);
-    let logits: Vec<bf16> = x
-        .chunks(h)
+    x.chunks_exact(h)
         .flat_map(|xt| {
             (0..e)
                 .map(|j| bf16::from_f64(dot(&w.router[j * h..(j + 1) * h], xt)))
                 .chain(std::iter::once(bf16::from_f64(dot(&w.shared_gate, xt))))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+/// Reference of [`moe_forward`] for `x` `[tokens, hidden]`.
+pub fn moe_reference(shape: &MoeShape, w: &MoeWeightsHost, x: &[bf16]) -> MoeReference {
+    let logits = moe_router_logits_reference(shape, w, x);
     moe_reference_from_logits(shape, w, x, &logits)
 }
 
@@ -358,7 +363,6 @@ pub fn moe_reference_from_logits(
         let xt = &x[t * h..(t + 1) * h];
         let row = &logits[t * (e + 1)..(t + 1) * (e + 1)];
         let (chosen, weights) = route(&row[..e], kk);
-        let chosen = &chosen[..];
         // Sum over experts in ascending expert order, in bf16, as transformers' index_add_ loop.
         let mut by_expert: Vec<(usize, bf16)> = chosen
             .iter()
