@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -248,11 +249,26 @@ int main(int argc, char** argv) {
         }
         op_lm(s);
     });
+    // The bits of one step from a fixed start (h, its sums of squares), so that kernel variants
+    // built side by side can be compared: FNV-1a over the logits and the final h.
+    std::vector<char> h0((size_t)8 * hidden * 2), ssq0((size_t)ssq_groups * 8 * 4);
+    CK(cudaMemcpy(h0.data(), h, h0.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ssq0.data(), ssq, ssq0.size(), cudaMemcpyDeviceToHost));
     auto [med, p90] = time_graph(step);
+    CK(cudaMemcpy(h, h0.data(), h0.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ssq, ssq0.data(), ssq0.size(), cudaMemcpyHostToDevice));
+    CK(cudaGraphLaunch(step, s));
+    CK(cudaStreamSynchronize(s));
+    std::vector<char> bits((size_t)m * vocab * 4 + (size_t)m * hidden * 2);
+    CK(cudaMemcpy(bits.data(), logits, (size_t)m * vocab * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(bits.data() + (size_t)m * vocab * 4, h, (size_t)m * hidden * 2, cudaMemcpyDeviceToHost));
+    uint64_t fnv = 1469598103934665603ull;
+    for (char c : bits) fnv = (fnv ^ (uint8_t)c) * 1099511628211ull;
     printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d pdl %d\n", sm,
            bw / 1e12, m, ctx, layers, grid_splits, pipelined, g_pdl ? 1 : 0);
     printf("step  median %8.1f us  p90 %8.1f us  limit %8.1f us  share %5.1f%%  %7.1f tok/s\n", med, p90, limit_us,
            100.0 * limit_us / med, m * 1e6 / med);
+    printf("digest %016llx (logits and h after one step from the fixed start)\n", (unsigned long long)fnv);
 
     struct Op {
         const char* name;
