@@ -123,7 +123,7 @@ pub fn attn_pipelined(
 /// How a context of `ctx` tokens is split: `(count, tokens per split)`, a function of the
 /// sequence's own length only (the kernel computes the same).
 pub fn attn_splits(ctx: usize) -> (usize, usize) {
-    let want = ctx.div_ceil(TOKENS_PER_SPLIT_MIN).clamp(1, MAX_SPLITS);
+    let want = (ctx / TOKENS_PER_SPLIT_MIN).clamp(1, MAX_SPLITS);
     let per = ctx.div_ceil(want).div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS;
     (ctx.div_ceil(per).max(1), per.max(BLOCK_TOKENS))
 }
@@ -390,7 +390,10 @@ mod tests {
         }
         assert_eq!(attn_splits(16), (1, 16));
         assert_eq!(attn_splits(128), (1, 128));
-        assert_eq!(attn_splits(129), (2, 80));
+        assert_eq!(attn_splits(129), (1, 144));
+        assert_eq!(attn_splits(256), (2, 128));
+        // Eight rows of 1089 tokens and 8 KV heads: 512 blocks, one wave of four an SM on 132 SMs.
+        assert_eq!(attn_splits(1089), (8, 144));
         assert_eq!(attn_splits(1024), (8, 128));
         assert_eq!(attn_splits(40_960).0, 32);
     }
@@ -425,7 +428,7 @@ mod tests {
         // H200 (132 SMs), Qwen3-4B (8 KV heads).
         let busy = |rows: usize, ctx: usize| rows * attn_splits(ctx).0;
         assert!(attn_pipelined(128, 8, busy(8, 81), 132), "64 blocks");
-        assert!(attn_pipelined(128, 8, busy(1, 1089), 132), "72 blocks");
+        assert!(attn_pipelined(128, 8, busy(1, 1089), 132), "64 blocks");
         assert!(!attn_pipelined(128, 8, busy(8, 1089), 132), "576 blocks");
         assert!(attn_pipelined(128, 8, 33, 132), "264 blocks: one wave");
         assert!(!attn_pipelined(128, 8, 34, 132), "272 blocks");

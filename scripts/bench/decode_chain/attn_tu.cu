@@ -7,7 +7,7 @@
 
 // Mirrors attn_splits() in src/ops/attention.rs.
 int attn_splits_host(int ctx) {
-    int want = std::min(std::max((ctx + kTokensPerSplitMin - 1) / kTokensPerSplitMin, 1), kMaxSplits);
+    int want = std::min(std::max(ctx / kTokensPerSplitMin, 1), kMaxSplits);
     int per = (ctx + want - 1) / want;
     per = (per + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
     return (ctx + per - 1) / per;
