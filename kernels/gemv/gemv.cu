@@ -20,7 +20,7 @@
 // tile is split four or eight ways depends on the block count), never by timing. A token's result
 // never depends on the other tokens of the batch.
 //
-// Prologue (`gemv_norm_bf16`): x is the residual stream h; every block builds
+// Prologue (the `_norm_` entries): x is the residual stream h; every block builds
 // `bf16((w + offset) * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group
 // sums of squares the producer of h wrote. That fuses the RMSNorm before qkv, gate_up and lm_head.
 //
@@ -217,16 +217,18 @@ __device__ __forceinline__ uint4 norm8(const uint4& h, const float (&w)[8], floa
 }
 
 // x = RMSNorm(h) into shared memory (`x_smem`, rows `x_stride` apart).
-//   wide (gate_up, lm_head): four chunks of one row a thread at a time, in passes;
-//   narrow (qkv): a thread takes chunks tid and tid + 256 of every row, all of them requested
-//     before the scales are read (one norm-weight load per chunk for all rows). At eight rows
-//     that is one L2 round trip where the passes took three, and the requests overlap the sums:
-//     on the H200 qkv took 15.5 instead of 17.0 us at eight rows, the same 13.8 at one. The wide
-//     kernel keeps its passes: there the extra registers (128 instead of 100) cost gate_up 0.6 us
-//     at one row for 0.6 gained at eight.
-template <bool kNarrow>
+//   passes (kAllRows false): four chunks of one row a thread at a time;
+//   all rows (kAllRows true): a thread takes chunks tid and tid + 256 of every row, all of them
+//     requested before the scales are read (one norm-weight load per chunk for all rows). At
+//     eight rows that is one L2 round trip where the passes took three, and the requests overlap
+//     the sums: on the H200 qkv took 15.5 instead of 17.0 us at eight rows, the same 13.8 at one.
+//     The narrow kernel always takes it; the wide one (gate_up, lm_head) only from
+//     `NORM_ALL_ROWS_MIN` rows (src/ops/gemv.rs), because there the extra registers (128 instead
+//     of 100) cost gate_up 0.6 us at one row for 0.6 gained at eight.
+// Both build the same x, element for element: which one ran never shows in the result.
+template <bool kAllRows>
 __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __nv_bfloat16* x_smem, int x_stride) {
-    if constexpr (kNarrow) {
+    if constexpr (kAllRows) {
         constexpr int kPer = 2;
         const int chunks = p.k / 8;
         uint4 wv[kPer], xv[kPer][kMaxTokens];
@@ -339,7 +341,7 @@ __device__ __forceinline__ void narrow_tile(const GemvParams& p, Shared& s, int 
     __syncthreads();
 }
 
-template <bool kNormX, bool kNarrow>
+template <bool kNormX, bool kNarrow, bool kAllRows = kNarrow>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     extern __shared__ uint4 dyn_smem[];
     __shared__ Shared s;
@@ -352,7 +354,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     aot::pdl_launch_dependents();
     aot::pdl_wait();
 
-    if (kNormX) norm_prologue<kNarrow>(p, s, x_smem, x_stride);
+    if (kNormX) norm_prologue<kAllRows>(p, s, x_smem, x_stride);
 
     const int tiles = (p.n + kTileRows - 1) / kTileRows;
     const int chunks = (p.k + 31) / 32;
@@ -398,4 +400,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_bf16(const G
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_bf16(const GemvParams p) {
     gemv_body<true, true>(p);
+}
+// The wide kernel with the all-rows prologue, for batches of NORM_ALL_ROWS_MIN rows and more.
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_rows_bf16(const GemvParams p) {
+    gemv_body<true, false, true>(p);
 }

@@ -18,6 +18,8 @@ use crate::dispatch::LoadedKernels;
 pub const MODULE: &str = "gemv";
 pub const ENTRY_PLAIN: &str = "gemv_bf16";
 pub const ENTRY_NORM: &str = "gemv_norm_bf16";
+/// The wide norm kernel whose prologue requests every row's h at once (see [`norm_all_rows`]).
+pub const ENTRY_NORM_ROWS: &str = "gemv_norm_rows_bf16";
 pub const ENTRY_NARROW_PLAIN: &str = "gemv_narrow_bf16";
 pub const ENTRY_NARROW_NORM: &str = "gemv_narrow_norm_bf16";
 
@@ -99,6 +101,18 @@ pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
             blocks: tiles.min(BLOCKS_PER_SM * sm),
         }
     }
+}
+
+/// From this many rows the wide norm launches (gate_up, lm_head) take `gemv_norm_rows_bf16`,
+/// whose prologue requests every row's h at once (one L2 round trip instead of a pass per four
+/// chunks), at the cost of 128 registers instead of 100.
+pub const NORM_ALL_ROWS_MIN: usize = 4;
+
+/// Whether a wide norm launch of `m` rows takes the all-rows prologue. Both prologues build the
+/// same normalised x, element for element, so a token's result does not depend on which ran (nor,
+/// so, on the batch).
+pub fn norm_all_rows(m: usize) -> bool {
+    m >= NORM_ALL_ROWS_MIN
 }
 
 /// Where x comes from.
@@ -275,6 +289,7 @@ pub fn gemv(
     let shape = gemv_shape(p.n as usize, kernels.sm_count());
     let entry = match (entry == ENTRY_NORM, shape.narrow) {
         (false, false) => ENTRY_PLAIN,
+        (true, false) if norm_all_rows(p.m as usize) => ENTRY_NORM_ROWS,
         (true, false) => ENTRY_NORM,
         (false, true) => ENTRY_NARROW_PLAIN,
         (true, true) => ENTRY_NARROW_NORM,
@@ -377,6 +392,14 @@ pub fn silu_mul_reference(y: &[f64], intermediate: usize, m: usize) -> Vec<bf16>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wide_norm_launches_take_the_all_rows_prologue_from_four_rows() {
+        assert!(!norm_all_rows(1));
+        assert!(!norm_all_rows(NORM_ALL_ROWS_MIN - 1));
+        assert!(norm_all_rows(NORM_ALL_ROWS_MIN));
+        assert!(norm_all_rows(MAX_TOKENS));
+    }
 
     #[test]
     fn shapes_fill_the_gpu() {

@@ -19,6 +19,7 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::activation::MODULE, super::activation::ENTRY),
     (super::gemv::MODULE, super::gemv::ENTRY_PLAIN),
     (super::gemv::MODULE, super::gemv::ENTRY_NORM),
+    (super::gemv::MODULE, super::gemv::ENTRY_NORM_ROWS),
     (super::gemv::MODULE, super::gemv::ENTRY_NARROW_PLAIN),
     (super::gemv::MODULE, super::gemv::ENTRY_NARROW_NORM),
     (super::attention::MODULE, super::attention::ENTRIES[0]),

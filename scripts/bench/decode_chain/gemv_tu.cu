@@ -42,7 +42,9 @@ void launch_gemv(const GemvArgs& a, int sm_count, cudaStream_t s) {
     shape(p.n, sm_count, &narrow, &blocks);
     const bool norm = a.norm_w != nullptr;
     const size_t smem = norm ? static_cast<size_t>(a.m) * (a.k + kXPad) * 2 : 0;
-    void (*kernel)(GemvParams) = norm ? (narrow ? gemv_narrow_norm_bf16 : gemv_norm_bf16)
+    // Mirrors norm_all_rows() in src/ops/gemv.rs (the threshold a flag, for A/B).
+    const bool all_rows = a.m >= g_norm_all_rows_min;
+    void (*kernel)(GemvParams) = norm ? (narrow ? gemv_narrow_norm_bf16 : all_rows ? gemv_norm_rows_bf16 : gemv_norm_bf16)
                                       : (narrow ? gemv_narrow_bf16 : gemv_bf16);
     launch(kernel, dim3(blocks), dim3(kThreads), smem, s, p);
 }

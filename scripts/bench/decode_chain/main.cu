@@ -5,10 +5,12 @@
 // build.sh compiles it against any source tree (see README.md here).
 //
 //   decode-chain [--m 1] [--ctx 80] [--layers 36] [--reps 200] [--exact-splits] [--pdl]
-//                [--pipeline auto|on|off]
+//                [--pipeline auto|on|off] [--norm-all-rows-min N]
 //
 // --pdl launches the GEMV and attention kernels with programmatic dependent launch. --pipeline
 // picks the decode attention entries: `auto` as the engine does (attn_pipelined), or forced.
+// --norm-all-rows-min sets the rows from which the wide norm GEMVs take the all-rows prologue
+// (default 4, as the engine; 9 never, 1 always).
 #include "ops.h"
 
 #include <cuda_bf16.h>
@@ -71,6 +73,7 @@ struct Layer {
 };
 
 bool g_pdl = false;
+int g_norm_all_rows_min = 4;
 
 int main(int argc, char** argv) {
     int m = 1, ctx = 80, layers = 36, reps = 200;
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
         else if (a == "--pdl") g_pdl = true;
+        else if (a == "--norm-all-rows-min" && i + 1 < argc) g_norm_all_rows_min = atoi(argv[++i]);
         else if (a == "--pipeline" && i + 1 < argc) {
             const std::string v = argv[++i];
             if (v == "auto") pipeline = -1;

@@ -18,6 +18,9 @@ struct GemvArgs {
     int pair_offset;  // silu_mul: the MLP width
 };
 void launch_gemv(const GemvArgs& a, int sm_count, cudaStream_t s);
+// Rows from which the wide norm GEMVs take the all-rows prologue (NORM_ALL_ROWS_MIN in
+// src/ops/gemv.rs; `--norm-all-rows-min`).
+extern int g_norm_all_rows_min;
 
 // Launches with programmatic stream serialisation (programmatic dependent launch) when on.
 extern bool g_pdl;
