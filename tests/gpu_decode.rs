@@ -741,15 +741,16 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
         (8, 8, 64, vec![600]),
         // Every other entry (decode_entry): fixed groups 2, 4, 8 at each head dimension and the
         // any-group kernel with group 3 (128, 256; at 64 the 8/8 case above runs it with group
-        // 1), with one and several splits.
+        // 1), with one and several splits (splits are ctx / 128 rounded down: the first context of
+        // each row below is at least 256, so the last block's merge runs for every entry).
         (16, 8, 128, vec![1, 130, 700]),
-        (16, 2, 128, vec![200, 17]),
+        (16, 2, 128, vec![300, 17]),
         (6, 2, 128, vec![300, 5]),
-        (8, 2, 64, vec![129, 40]),
+        (8, 2, 64, vec![290, 40]),
         (16, 2, 64, vec![257, 1]),
-        (4, 2, 256, vec![150, 64]),
+        (4, 2, 256, vec![300, 64]),
         (8, 2, 256, vec![400]),
-        (3, 1, 256, vec![90, 2]),
+        (3, 1, 256, vec![390, 2]),
     ] {
         let pos: Vec<usize> = ctxs.iter().map(|c| c - 1).collect();
         let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, pos.clone());

@@ -12,11 +12,11 @@
 // kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
 //
 // At head dimension 64 and 128 each warp streams its next cache block while it scores the current
-// one (pipelined). That holds two blocks' keys and values in registers (227 at 128: two blocks an
-// SM), which pays when the busy blocks of a launch fit in one wave; the `_np` entries load a block
-// and then score it (118 registers at 128: four blocks an SM), which pays when there are more (on
-// the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us; at 8 rows and 80 tokens
-// 7.9 instead of 7.2). Both compute the same sums in the same order: the same bits.
+// one (pipelined). That holds two blocks' keys and values in registers (about 220 at 128: two
+// blocks an SM), which pays when the busy blocks of a launch fit in one wave; the `_np` entries
+// load a block and then score it (at most 128 registers at 128: four blocks an SM), which pays
+// when there are more (on the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us;
+// at 8 rows and 80 tokens 7.9 instead of 7.2). Both compute the same sums in the same order: the same bits.
 // `attn_pipelined` in src/ops/attention.rs picks.
 //
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a

@@ -253,6 +253,13 @@ pub fn attention_decode(
     )?;
     let (ml, o, counters) = attn_scratch_needs(a.m, a.q_heads, a.kv_heads, d);
     check_view(op, "ws_ml", scratch.ws_ml.len(), &[ml])?;
+    // The merging block reads each (max, sum) pair as one 8-byte load.
+    if !scratch.ws_ml.addr().is_multiple_of(8) {
+        return Err(shape_err(format!(
+            "ws_ml must start on an 8-byte boundary (its (max, sum) pairs are read as pairs); it starts at {:#x}: allocate it on its own or offset it by an even number of floats",
+            scratch.ws_ml.addr()
+        )));
+    }
     check_view(op, "ws_o", scratch.ws_o.len(), &[o])?;
     check_view(op, "counters", scratch.counters.len(), &[counters])?;
     let p = AttnDecodeParams {
