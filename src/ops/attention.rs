@@ -7,7 +7,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use half::bf16;
 
-use super::launch::{check_view, launch_params, to_i32, DevMut, DevRef, OpsError};
+use super::launch::{check_aligned, check_view, launch_params, to_i32, DevMut, DevRef, OpsError};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "attention";
@@ -254,12 +254,7 @@ pub fn attention_decode(
     let (ml, o, counters) = attn_scratch_needs(a.m, a.q_heads, a.kv_heads, d);
     check_view(op, "ws_ml", scratch.ws_ml.len(), &[ml])?;
     // The merging block reads each (max, sum) pair as one 8-byte load.
-    if !scratch.ws_ml.addr().is_multiple_of(8) {
-        return Err(shape_err(format!(
-            "ws_ml must start on an 8-byte boundary (its (max, sum) pairs are read as pairs); it starts at {:#x}: allocate it on its own or offset it by an even number of floats",
-            scratch.ws_ml.addr()
-        )));
-    }
+    check_aligned(op, "ws_ml", scratch.ws_ml.addr(), 8)?;
     check_view(op, "ws_o", scratch.ws_o.len(), &[o])?;
     check_view(op, "counters", scratch.counters.len(), &[counters])?;
     let p = AttnDecodeParams {

@@ -12,8 +12,7 @@ use half::bf16;
 
 use super::kv_cache::{cache_blocks, cache_offset, BlockTable, KV_BLOCK_TOKENS};
 use super::launch::{
-    check_aligned16, check_view, grid_dim, launch, to_i32, Arg, DevMut, DevRef, OpsError,
-    MAX_GRID_X,
+    check_aligned, check_view, grid_dim, launch, to_i32, Arg, DevMut, DevRef, OpsError, MAX_GRID_X,
 };
 use crate::dispatch::LoadedKernels;
 
@@ -179,8 +178,8 @@ pub fn attention_prefill(
     let end = p.start_pos.saturating_add(p.tokens);
     check_view(op, "q", q.len(), &[p.tokens, p.q_heads, p.head_dim])?;
     check_view(op, "out", out.len(), &[p.tokens, p.q_heads, p.head_dim])?;
-    check_aligned16(op, "q", q.addr())?;
-    check_aligned16(op, "out", out.addr())?;
+    check_aligned(op, "q", q.addr(), 16)?;
+    check_aligned(op, "out", out.addr(), 16)?;
     let num_blocks = cache_blocks(op, k_cache, v_cache, p.kv_heads, p.head_dim)?;
     let (table_offset, table_len) = blocks.check(op, end)?;
     // Row indices (token x group) and positions stay within 32 bits.

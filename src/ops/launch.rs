@@ -333,14 +333,22 @@ pub fn dev_mut<'a, T>(
     }
 }
 
-/// Checks that a view starts on a 16-byte boundary, as kernels that move 16-byte vectors need (a
-/// view of bf16 must start a multiple of 8 elements into its allocation).
-pub(crate) fn check_aligned16(op: &'static str, what: &str, addr: u64) -> Result<(), OpsError> {
-    if !addr.is_multiple_of(16) {
+/// Checks that a view starts on an `align`-byte boundary, as kernels that move vectors of that
+/// size need (a view of bf16 read 16 bytes at a time must start a multiple of 8 elements into its
+/// allocation).
+pub(crate) fn check_aligned(
+    op: &'static str,
+    what: &str,
+    addr: u64,
+    align: u64,
+) -> Result<(), OpsError> {
+    if !addr.is_multiple_of(align) {
+        let elems = align / 2;
         return Err(OpsError::Shape {
             op,
             message: format!(
-                "`{what}` starts at {addr:#x}, not on a 16-byte boundary: offset views by a multiple of 16 bytes (8 bf16)"
+                "`{what}` starts at {addr:#x}, not on a {align}-byte boundary: offset views by a multiple of {align} bytes ({elems} bf16 or {} f32)",
+                align / 4
             ),
         });
     }

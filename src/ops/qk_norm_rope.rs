@@ -12,7 +12,7 @@ use half::bf16;
 
 use super::kv_cache::{cache_blocks, cache_offset, BlockTable, KV_BLOCK_TOKENS};
 use super::launch::{
-    check_aligned16, check_len, check_rows, check_view, grid_dim, launch, to_i32, Arg, DevMut,
+    check_aligned, check_len, check_rows, check_view, grid_dim, launch, to_i32, Arg, DevMut,
     DevRef, OpsError, MAX_GRID_X,
 };
 use super::rmsnorm::{rmsnorm_reference, RmsNormParams};
@@ -159,8 +159,8 @@ pub fn qk_norm_rope_cache(
         &[inputs.max_position, p.head_dim],
     )?;
     check_view(op, "q_out", q_out.len(), &[p.tokens, p.q_heads, p.head_dim])?;
-    check_aligned16(op, "qkv", inputs.qkv.addr())?;
-    check_aligned16(op, "q_out", q_out.addr())?;
+    check_aligned(op, "qkv", inputs.qkv.addr(), 16)?;
+    check_aligned(op, "q_out", q_out.addr(), 16)?;
     let num_blocks = cache_blocks(op, k_cache, v_cache, p.kv_heads, p.head_dim)?;
     let (table_offset, table_len) = inputs.blocks.check(op, end)?;
     let head_groups = (p.q_heads + 2 * p.kv_heads).div_ceil(HEADS_PER_BLOCK);

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
         else if (a == "--pdl") g_pdl = true;
-        else if (a == "--norm-all-rows-min" && i + 1 < argc) g_norm_all_rows_min = atoi(argv[++i]);
+        else if (a == "--norm-all-rows-min" && i + 1 < argc) g_norm_all_rows_min = next();
         else if (a == "--pipeline" && i + 1 < argc) {
             const std::string v = argv[++i];
             if (v == "auto") pipeline = -1;
