@@ -223,8 +223,8 @@ __device__ __forceinline__ uint4 norm8(const uint4& h, const float (&w)[8], floa
 //     eight rows that is one L2 round trip where the passes took three, and the requests overlap
 //     the sums: on the H200 qkv took 15.5 instead of 17.0 us at eight rows, the same 13.8 at one.
 //     The narrow kernel always takes it; the wide one (gate_up, lm_head) only from
-//     `NORM_ALL_ROWS_MIN` rows (src/ops/gemv.rs), because there the extra registers (128 instead
-//     of 100) cost gate_up 0.6 us at one row for 0.6 gained at eight.
+//     `NORM_ALL_ROWS_MIN` rows (src/ops/gemv.rs), because there the extra registers (128, as
+//     first built, instead of 100) cost gate_up 0.6 us at one row for 0.6 gained at eight.
 // Both build the same x, element for element: which one ran never shows in the result.
 template <bool kAllRows>
 __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __nv_bfloat16* x_smem, int x_stride) {
@@ -402,6 +402,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_bf16(
     gemv_body<true, true>(p);
 }
 // The wide kernel with the all-rows prologue, for batches of NORM_ALL_ROWS_MIN rows and more.
-extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_rows_bf16(const GemvParams p) {
+// Held to 112 registers (two blocks an SM either way; __maxnreg__ replaces __launch_bounds__, the
+// two cannot go together): on the H200 gate_up took 29.9-30.0 instead of 30.8-31.0 us at eight
+// rows, 29.0 instead of 29.8 at four, the same bits; 120 registers changed nothing.
+extern "C" __global__ void __maxnreg__(112) gemv_norm_rows_bf16(const GemvParams p) {
     gemv_body<true, false, true>(p);
 }

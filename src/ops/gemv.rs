@@ -105,9 +105,10 @@ pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
 
 /// From this many rows the wide norm launches (gate_up, lm_head) take `gemv_norm_rows_bf16`,
 /// whose prologue requests every row's h at once (one L2 round trip instead of a pass per four
-/// chunks), at the cost of 128 registers instead of 100. Measured on the H200 (decode-chain, the
-/// prologue forced on against off): the step -1.7% at eight rows, -0.5% at four, +0.8% at one;
-/// the engine bench +2.8% at i16 c8, +2.0% at i1024 c8.
+/// chunks), at the cost of registers (128 as first built, held to 112 since; 100 in the passes
+/// kernel). Measured on the H200 with 128 (decode-chain, the prologue forced on against off): the
+/// step -1.7% at eight rows, -0.5% at four, +0.8% at one; the engine bench +2.8% at i16 c8, +2.0%
+/// at i1024 c8. The threshold was not measured again at 112.
 pub const NORM_ALL_ROWS_MIN: usize = 4;
 
 /// Whether a wide norm launch of `m` rows takes the all-rows prologue. Both prologues build the
