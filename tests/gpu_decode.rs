@@ -741,8 +741,8 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
         (8, 8, 64, vec![600]),
         // Every other entry (decode_entry): fixed groups 2, 4, 8 at each head dimension and the
         // any-group kernel with group 3 (128, 256; at 64 the 8/8 case above runs it with group
-        // 1), with one and several splits (splits are ctx / 128 rounded down: the first context of
-        // each row below is at least 256, so the last block's merge runs for every entry).
+        // 1), with one and several splits (splits are ctx / 128 rounded down: each row below has a
+        // context of at least 256, so the last block's merge runs for every entry).
         (16, 8, 128, vec![1, 130, 700]),
         (16, 2, 128, vec![300, 17]),
         (6, 2, 128, vec![300, 5]),
