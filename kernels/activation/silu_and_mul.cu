@@ -28,15 +28,15 @@ extern "C" __global__ void silu_and_mul_bf16(__nv_bfloat16* __restrict__ out, co
         aot::Bf16x8 o;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float2 gf = __bfloat1622float2(g.h[j]);
-            const float2 uf = __bfloat1622float2(u.h[j]);
+            const float2 gf = aot::to_f32x2(g.h[j]);
+            const float2 uf = aot::to_f32x2(u.h[j]);
             o.h[j] = __floats2bfloat162_rn(silu_mul(gf.x, uf.x), silu_mul(gf.y, uf.y));
         }
         reinterpret_cast<aot::Bf16x8*>(out_row)[vec] = o;
     } else {
         const int base = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
         for (int i = base; i < d && i < base + 8; ++i) {
-            out_row[i] = __float2bfloat16_rn(silu_mul(__bfloat162float(gate[i]), __bfloat162float(up[i])));
+            out_row[i] = __float2bfloat16_rn(silu_mul(aot::to_f32(gate[i]), aot::to_f32(up[i])));
         }
     }
 }

@@ -184,8 +184,8 @@ __device__ __forceinline__ void attention_prefill(__nv_bfloat16* __restrict__ ou
                 const float p0 = exp2f(__fsub_rn(s[nt][2 * h], m_use[h]));
                 const float p1 = exp2f(__fsub_rn(s[nt][2 * h + 1], m_use[h]));
                 const __nv_bfloat162 pb = __floats2bfloat162_rn(p0, p1);
-                row_sum[h] = __fadd_rn(row_sum[h], __low2float(pb));
-                row_sum[h] = __fadd_rn(row_sum[h], __high2float(pb));
+                row_sum[h] = __fadd_rn(row_sum[h], aot::to_f32x2(pb).x);
+                row_sum[h] = __fadd_rn(row_sum[h], aot::to_f32x2(pb).y);
                 p[nt / 2][(nt & 1) * 2 + h] = *reinterpret_cast<const uint32_t*>(&pb);
             }
         }

@@ -82,8 +82,8 @@ __device__ __forceinline__ void head_load(const __nv_bfloat16* raw, float (&x)[D
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < D / 64; ++i) {
-        x[2 * i] = __bfloat162float(raw[lane + 32 * i]);
-        x[2 * i + 1] = __bfloat162float(raw[lane + 32 * i + kHalf]);
+        x[2 * i] = aot::to_f32(raw[lane + 32 * i]);
+        x[2 * i + 1] = aot::to_f32(raw[lane + 32 * i + kHalf]);
     }
 }
 
@@ -99,8 +99,8 @@ __device__ __forceinline__ void head_finish(const AttnDecodeParams& p, const __n
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
         const int j = lane + 32 * i;
-        wl[i] = __bfloat162float(w[j]);
-        wh[i] = __bfloat162float(w[j + kHalf]);
+        wl[i] = aot::to_f32(w[j]);
+        wh[i] = aot::to_f32(w[j + kHalf]);
         c[i] = cs[j];
         sn[i] = cs[j + kHalf];
     }

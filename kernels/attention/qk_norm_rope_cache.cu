@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
         if (j < per_lane) {
-            v[j] = __bfloat162float(x[j * 32 + lane]);
+            v[j] = aot::to_f32(x[j * 32 + lane]);
             sum_sq = __fmaf_rn(v[j], v[j], sum_sq);
         }
     }
@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kMaxPerLane; ++j) {
         if (j < per_lane) {
             const float normed = aot::round_bf16(__fmul_rn(v[j], scale));
-            v[j] = aot::round_bf16(__fmul_rn(__fadd_rn(__bfloat162float(w[j * 32 + lane]), weight_offset), normed));
+            v[j] = aot::round_bf16(__fmul_rn(__fadd_rn(aot::to_f32(w[j * 32 + lane]), weight_offset), normed));
         }
     }
 

@@ -16,7 +16,7 @@ extern "C" __global__ void embedding_bf16(__nv_bfloat16* __restrict__ out, float
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         const __nv_bfloat16 v = src[i];
         dst[i] = v;
-        const float f = __bfloat162float(v);
+        const float f = aot::to_f32(v);
         sum_sq += f * f;
     }
     const float total = aot::block_sum(sum_sq, scratch);

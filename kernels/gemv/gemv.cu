@@ -119,7 +119,7 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
             for (int q = 0; q < kMaxTokens / 2; ++q) {
                 const int token = 2 * q + (lane >> 4), r = lane & 15;
                 old[q] = token < p.m && r < rows
-                             ? __bfloat162float(p.residual[static_cast<int64_t>(token) * p.ld_res + n0 + r])
+                             ? aot::to_f32(p.residual[static_cast<int64_t>(token) * p.ld_res + n0 + r])
                              : 0.0f;
             }
 #pragma unroll

@@ -19,7 +19,7 @@ __device__ __forceinline__ float normed_scale(float sum_sq, int hidden, float ep
 
 __device__ __forceinline__ __nv_bfloat16 apply(float x, float scale, __nv_bfloat16 w, float weight_offset) {
     const float normed = aot::round_bf16(x * scale);
-    return __float2bfloat16_rn((__bfloat162float(w) + weight_offset) * normed);
+    return __float2bfloat16_rn((aot::to_f32(w) + weight_offset) * normed);
 }
 
 }  // namespace
@@ -33,12 +33,12 @@ extern "C" __global__ void rmsnorm_bf16(__nv_bfloat16* __restrict__ out, const _
 
     float sum_sq = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        const float v = __bfloat162float(row[i]);
+        const float v = aot::to_f32(row[i]);
         sum_sq += v * v;
     }
     const float scale = normed_scale(aot::block_sum(sum_sq, scratch), hidden, eps);
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        out_row[i] = apply(__bfloat162float(row[i]), scale, weight[i], weight_offset);
+        out_row[i] = apply(aot::to_f32(row[i]), scale, weight[i], weight_offset);
     }
 }
 
@@ -52,14 +52,14 @@ extern "C" __global__ void fused_add_rmsnorm_bf16(__nv_bfloat16* __restrict__ x,
     // Pass 1: r = x + residual, stored back to the residual stream; accumulate r^2.
     float sum_sq = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        const __nv_bfloat16 r = __float2bfloat16_rn(__bfloat162float(x_row[i]) + __bfloat162float(r_row[i]));
+        const __nv_bfloat16 r = __float2bfloat16_rn(aot::to_f32(x_row[i]) + aot::to_f32(r_row[i]));
         r_row[i] = r;
-        const float v = __bfloat162float(r);
+        const float v = aot::to_f32(r);
         sum_sq += v * v;
     }
     const float scale = normed_scale(aot::block_sum(sum_sq, scratch), hidden, eps);
     // Pass 2 reads back what this same thread wrote in pass 1 (same index), so no barrier is needed.
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        x_row[i] = apply(__bfloat162float(r_row[i]), scale, weight[i], weight_offset);
+        x_row[i] = apply(aot::to_f32(r_row[i]), scale, weight[i], weight_offset);
     }
 }

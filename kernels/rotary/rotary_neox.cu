@@ -16,8 +16,8 @@ namespace {
 __device__ __forceinline__ void rotate(__nv_bfloat16* head, const float* cos_sin, int half, int i) {
     const float c = cos_sin[i];
     const float s = cos_sin[i + half];
-    const float x1 = __bfloat162float(head[i]);
-    const float x2 = __bfloat162float(head[i + half]);
+    const float x1 = aot::to_f32(head[i]);
+    const float x2 = aot::to_f32(head[i + half]);
     head[i] = __float2bfloat16_rn(x1 * c - x2 * s);
     head[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
 }
