@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned CUDA compilers (and the cuobjdump test oracle) from PyPI into .toolchain/:
+# Installs the pinned CUDA compilers (and the cuobjdump and nvdisasm test oracles) from PyPI into .toolchain/:
 # the primary ([toolchain]: nvcc 13.0) into .toolchain/site, each [[extra_toolchain]] (NVRTC 12.9)
 # into .toolchain/cuda-<release>/site (their wheels would collide in one folder).
 # Idempotent: a stamp records the pins; a second run with the same pins does nothing.

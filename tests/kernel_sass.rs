@@ -1,0 +1,187 @@
+//! The machine code the crate ships, read back with NVIDIA's `nvdisasm` (a test oracle from PyPI,
+//! which `bash scripts/setup-toolchain.sh` installs beside the pinned nvcc): every cubin of every
+//! CUDA module, for every target and toolchain, Thor's sm_110 included. Without the oracle these
+//! tests fail, never skip.
+//!
+//! The rule: no CUDA kernel rounds through the conversion unit, `F2F.BF16.F32`. nvcc makes it of
+//! cuda_bf16.h's widening (`cvt.f32.bf16`, which the header uses for sm_90 and later) after a
+//! rounding to bf16, and on the H200 it made the decode step's norm GEMVs 1.3% slower at eight rows
+//! than the ALU form that `aot::to_f32` compiles to (README.md, "Results on the H200").
+//! tests/kernel_sources.rs keeps the header's conversions out of the sources; this test checks what
+//! the compilers made of them, so a new path to the slow form shows here too.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use aot_kernels::registry::{self, ImageFormat, ModuleKind};
+
+const SLOW: &str = "F2F.BF16.F32";
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The pinned toolchain's bin folder (`AOT_CUDA_HOME` as the oracle tests read it).
+fn cuda_bin() -> PathBuf {
+    let home = std::env::var_os("AOT_CUDA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".toolchain/site/nvidia/cu13"));
+    home.join("bin")
+}
+
+fn nvdisasm() -> PathBuf {
+    let tool = cuda_bin().join("nvdisasm");
+    assert!(
+        tool.is_file(),
+        "{} not found: these tests need NVIDIA's disassembler from aot-manifest.toml's \
+         oracle_packages; run `bash scripts/setup-toolchain.sh` in {} (or set AOT_CUDA_HOME)",
+        tool.display(),
+        workspace().display()
+    );
+    tool
+}
+
+/// The SASS text of one cubin.
+fn disassemble(cubin: &[u8], dir: &Path, name: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, cubin).unwrap();
+    let out = Command::new(nvdisasm())
+        .arg(&path)
+        .output()
+        .expect("run nvdisasm");
+    assert!(
+        out.status.success(),
+        "nvdisasm {} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("nvdisasm writes text")
+}
+
+/// Each function's count of `op` in a disassembly, in order, as (function, count), for those that
+/// have any.
+fn uses_of(sass: &str, op: &str) -> Vec<(String, usize)> {
+    let mut found: Vec<(String, usize)> = Vec::new();
+    let mut function = String::from("(before any function)");
+    for line in sass.lines() {
+        if let Some(name) = line.trim().strip_prefix(".text.") {
+            function = name.trim_end_matches(':').to_string();
+        } else if line.contains(op) {
+            match found.last_mut() {
+                Some((f, n)) if *f == function => *n += 1,
+                _ => found.push((function.clone(), 1)),
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_cuda_kernel_rounds_through_the_conversion_unit() {
+    nvdisasm();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Vec<_> = registry::modules()
+        .iter()
+        .filter(|m| m.kind == ModuleKind::Cuda)
+        .flat_map(|m| m.images.iter().map(move |i| (m, i)))
+        .filter(|(_, i)| i.format == ImageFormat::Cubin)
+        .collect();
+    assert!(
+        jobs.len() >= 2 * registry::modules().len(),
+        "only {} cubins in the build",
+        jobs.len()
+    );
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((module, image)) = jobs.get(k) else {
+                    break;
+                };
+                let name = format!("{}.{}.{}.cubin", module.name, image.toolchain, image.target);
+                let sass = disassemble(image.bytes(), dir.path(), &name);
+                // The disassembly is of the module: every entry point is in it.
+                for entry in module.entries {
+                    assert!(
+                        sass.contains(&format!(".text.{entry}:")),
+                        "{name}: nvdisasm shows no function {entry}"
+                    );
+                }
+                let uses = uses_of(&sass, SLOW);
+                results.lock().unwrap().push((name, uses));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort();
+    assert_eq!(results.len(), jobs.len());
+    let bad: Vec<String> = results
+        .iter()
+        .filter(|(_, uses)| !uses.is_empty())
+        .map(|(name, uses)| format!("{name}: {uses:?}"))
+        .collect();
+    eprintln!(
+        "{} cubins disassembled, {} with {SLOW}",
+        results.len(),
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{SLOW} (bf16 rounding through the conversion unit) in:\n  {}\nWiden bf16 with \
+         aot::to_f32 / to_f32x2 (kernels/include/aot_common.cuh), not cuda_bf16.h's conversions",
+        bad.join("\n  ")
+    );
+}
+
+/// The rule's reason, and proof that the check sees it: nvcc 13.0 builds `F2F.BF16.F32` from the
+/// header's widening after a rounding for sm_90, and not from `aot::to_f32`.
+#[test]
+fn the_header_widening_compiles_to_the_conversion_unit_and_ours_does_not() {
+    let nvcc = cuda_bin().join("nvcc");
+    assert!(
+        nvcc.is_file(),
+        "{} not found: run `bash scripts/setup-toolchain.sh`",
+        nvcc.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = |widen: &str| {
+        format!(
+            "#include \"aot_common.cuh\"\n\
+             extern \"C\" __global__ void k(const float* x, float* y) {{\n\
+                 const float v = x[threadIdx.x];\n\
+                 y[threadIdx.x] = {widen}(__float2bfloat16_rn(v)) * v;\n\
+             }}\n"
+        )
+    };
+    let mut counts = Vec::new();
+    for (name, widen) in [("header", "__bfloat162float"), ("ours", "aot::to_f32")] {
+        let src = dir.path().join(format!("{name}.cu"));
+        let cubin = dir.path().join(format!("{name}.cubin"));
+        std::fs::write(&src, kernel(widen)).unwrap();
+        let out = Command::new(&nvcc)
+            .args(["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-I"])
+            .arg(workspace().join("kernels/include"))
+            .arg(&src)
+            .arg("-o")
+            .arg(&cubin)
+            .output()
+            .expect("run nvcc");
+        assert!(
+            out.status.success(),
+            "nvcc {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sass = disassemble(&std::fs::read(&cubin).unwrap(), dir.path(), "k.cubin");
+        assert!(sass.contains(".text.k:"), "{name}: no kernel in the SASS");
+        counts.push(uses_of(&sass, SLOW));
+    }
+    assert_eq!(
+        counts[0],
+        vec![("k".to_string(), 1)],
+        "the header's widening"
+    );
+    assert_eq!(counts[1], vec![], "aot::to_f32");
+}
