@@ -41,21 +41,28 @@ fn nvdisasm() -> PathBuf {
     tool
 }
 
+/// Runs `cmd` to success and returns its stdout; a failure names `what` and shows stderr.
+fn run(cmd: &mut Command, what: &str) -> Vec<u8> {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// The SASS text of one cubin.
 fn disassemble(cubin: &[u8], dir: &Path, name: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, cubin).unwrap();
-    let out = Command::new(nvdisasm())
-        .arg(&path)
-        .output()
-        .expect("run nvdisasm");
-    assert!(
-        out.status.success(),
-        "nvdisasm {} failed: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
+    let sass = run(
+        Command::new(nvdisasm()).arg(&path),
+        &format!("nvdisasm {}", path.display()),
     );
-    String::from_utf8(out.stdout).expect("nvdisasm writes text")
+    String::from_utf8(sass).expect("nvdisasm writes text")
 }
 
 /// Each function's count of `op` in a disassembly, in order, as (function, count), for those that
@@ -161,18 +168,14 @@ fn the_header_widening_compiles_to_the_conversion_unit_and_ours_does_not() {
         let src = dir.path().join(format!("{name}.cu"));
         let cubin = dir.path().join(format!("{name}.cubin"));
         std::fs::write(&src, kernel(widen)).unwrap();
-        let out = Command::new(&nvcc)
-            .args(["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-I"])
-            .arg(workspace().join("kernels/include"))
-            .arg(&src)
-            .arg("-o")
-            .arg(&cubin)
-            .output()
-            .expect("run nvcc");
-        assert!(
-            out.status.success(),
-            "nvcc {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run(
+            Command::new(&nvcc)
+                .args(["-cubin", "-arch=sm_90", "-O3", "-std=c++17", "-I"])
+                .arg(workspace().join("kernels/include"))
+                .arg(&src)
+                .arg("-o")
+                .arg(&cubin),
+            &format!("nvcc {name}"),
         );
         let sass = disassemble(&std::fs::read(&cubin).unwrap(), dir.path(), "k.cubin");
         assert!(sass.contains(".text.k:"), "{name}: no kernel in the SASS");
