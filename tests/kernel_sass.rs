@@ -5,10 +5,11 @@
 //!
 //! The rule: no CUDA kernel rounds through the conversion unit, `F2F.BF16.F32`. nvcc makes it of
 //! cuda_bf16.h's widening (`cvt.f32.bf16`, which the header uses for sm_90 and later) after a
-//! rounding to bf16, and on the H200 it made the decode step's norm GEMVs 1.3% slower at eight rows
-//! than the ALU form that `aot::to_f32` compiles to (README.md, "Results on the H200").
-//! tests/kernel_sources.rs keeps the header's conversions out of the sources; this test checks what
-//! the compilers made of them, so a new path to the slow form shows here too.
+//! rounding to bf16, and on the H200 builds with it ran the decode step 1.3% slower at eight rows
+//! (qkv 14.0 -> 13.4 us) than with the ALU form that `aot::to_f32` compiles to (README.md,
+//! "Results on the H200"). tests/kernel_sources.rs keeps the header's conversions out of the
+//! sources; this test checks what the compilers made of them, so a new path to the slow form
+//! shows here too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,9 +94,20 @@ fn no_cuda_kernel_rounds_through_the_conversion_unit() {
         .flat_map(|m| m.images.iter().map(move |i| (m, i)))
         .filter(|(_, i)| i.format == ImageFormat::Cubin)
         .collect();
+    // Every CUDA module has SASS for both toolchains; a build cut by AOT_TARGETS may hold only one
+    // image for some of them.
+    let cuda_modules = registry::modules()
+        .iter()
+        .filter(|m| m.kind == ModuleKind::Cuda)
+        .count();
+    let least = if registry::build_info().target_filter.is_none() {
+        2 * cuda_modules
+    } else {
+        1
+    };
     assert!(
-        jobs.len() >= 2 * registry::modules().len(),
-        "only {} cubins in the build",
+        cuda_modules > 0 && jobs.len() >= least,
+        "only {} cubins of {cuda_modules} CUDA modules in the build",
         jobs.len()
     );
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));

@@ -1,9 +1,11 @@
 //! Rules the CUDA sources keep that the compiler does not check.
 //!
 //! bf16 is widened to fp32 with `aot::to_f32` / `aot::to_f32x2` (kernels/include/aot_common.cuh),
-//! never with cuda_bf16.h's own conversions: for sm_90 and later those compile to code that ran
-//! the decode step's norm GEMVs 1.3% slower at eight rows on the H200 than the same kernels' sm_80
-//! PTX compiled for sm_90 (README.md, "Results on the H200"; tests/kernel_sass.rs checks the SASS).
+//! never with cuda_bf16.h's own conversions: for sm_90 and later those compile to code with which
+//! the decode step ran 1.3% slower at eight rows on the H200 than the same kernels' sm_80 PTX
+//! compiled for sm_90 (README.md, "Results on the H200"). A text search cannot see every path (a
+//! call split over lines, an implicit conversion of a bf16 to float): tests/kernel_sass.rs checks
+//! the SASS the compilers made.
 
 use std::path::{Path, PathBuf};
 
