@@ -22,20 +22,18 @@ fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The pinned toolchain's bin folder (`AOT_CUDA_HOME` as the oracle tests read it).
-fn cuda_bin() -> PathBuf {
+/// `name` (nvcc, nvdisasm) in the pinned toolchain's bin folder (`AOT_CUDA_HOME` as the oracle
+/// tests read it); missing, the test fails with the command that installs it.
+fn tool(name: &str) -> PathBuf {
     let home = std::env::var_os("AOT_CUDA_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join(".toolchain/site/nvidia/cu13"));
-    home.join("bin")
-}
-
-fn nvdisasm() -> PathBuf {
-    let tool = cuda_bin().join("nvdisasm");
+    let tool = home.join("bin").join(name);
     assert!(
         tool.is_file(),
-        "{} not found: these tests need NVIDIA's disassembler from aot-manifest.toml's \
-         oracle_packages; run `bash scripts/setup-toolchain.sh` in {} (or set AOT_CUDA_HOME)",
+        "{} not found: these tests need the pinned toolchain and NVIDIA's disassembler from \
+         aot-manifest.toml's oracle_packages; run `bash scripts/setup-toolchain.sh` in {} (or set \
+         AOT_CUDA_HOME)",
         tool.display(),
         workspace().display()
     );
@@ -55,12 +53,10 @@ fn run(cmd: &mut Command, what: &str) -> Vec<u8> {
     out.stdout
 }
 
-/// The SASS text of one cubin.
-fn disassemble(cubin: &[u8], dir: &Path, name: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, cubin).unwrap();
+/// The SASS text of the cubin at `path`.
+fn disassemble(nvdisasm: &Path, path: &Path) -> String {
     let sass = run(
-        Command::new(nvdisasm()).arg(&path),
+        Command::new(nvdisasm).arg(path),
         &format!("nvdisasm {}", path.display()),
     );
     String::from_utf8(sass).expect("nvdisasm writes text")
@@ -86,29 +82,29 @@ fn uses_of(sass: &str, op: &str) -> Vec<(String, usize)> {
 
 #[test]
 fn no_cuda_kernel_rounds_through_the_conversion_unit() {
-    nvdisasm();
+    let nvdisasm = tool("nvdisasm");
     let dir = tempfile::tempdir().unwrap();
-    let jobs: Vec<_> = registry::modules()
+    let cuda: Vec<_> = registry::modules()
         .iter()
         .filter(|m| m.kind == ModuleKind::Cuda)
+        .collect();
+    let jobs: Vec<_> = cuda
+        .iter()
         .flat_map(|m| m.images.iter().map(move |i| (m, i)))
         .filter(|(_, i)| i.format == ImageFormat::Cubin)
         .collect();
     // Every CUDA module has SASS for both toolchains; a build cut by AOT_TARGETS may hold only one
     // image for some of them.
-    let cuda_modules = registry::modules()
-        .iter()
-        .filter(|m| m.kind == ModuleKind::Cuda)
-        .count();
     let least = if registry::build_info().target_filter.is_none() {
-        2 * cuda_modules
+        2 * cuda.len()
     } else {
         1
     };
     assert!(
-        cuda_modules > 0 && jobs.len() >= least,
-        "only {} cubins of {cuda_modules} CUDA modules in the build",
-        jobs.len()
+        !cuda.is_empty() && jobs.len() >= least,
+        "only {} cubins of {} CUDA modules in the build",
+        jobs.len(),
+        cuda.len()
     );
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -121,7 +117,9 @@ fn no_cuda_kernel_rounds_through_the_conversion_unit() {
                     break;
                 };
                 let name = format!("{}.{}.{}.cubin", module.name, image.toolchain, image.target);
-                let sass = disassemble(image.bytes(), dir.path(), &name);
+                let path = dir.path().join(&name);
+                std::fs::write(&path, image.bytes()).unwrap();
+                let sass = disassemble(&nvdisasm, &path);
                 // The disassembly is of the module: every entry point is in it.
                 for entry in module.entries {
                     assert!(
@@ -159,12 +157,7 @@ fn no_cuda_kernel_rounds_through_the_conversion_unit() {
 /// header's widening after a rounding for sm_90, and not from `aot::to_f32`.
 #[test]
 fn the_header_widening_compiles_to_the_conversion_unit_and_ours_does_not() {
-    let nvcc = cuda_bin().join("nvcc");
-    assert!(
-        nvcc.is_file(),
-        "{} not found: run `bash scripts/setup-toolchain.sh`",
-        nvcc.display()
-    );
+    let (nvcc, nvdisasm) = (tool("nvcc"), tool("nvdisasm"));
     let dir = tempfile::tempdir().unwrap();
     let kernel = |widen: &str| {
         format!(
@@ -189,7 +182,7 @@ fn the_header_widening_compiles_to_the_conversion_unit_and_ours_does_not() {
                 .arg(&cubin),
             &format!("nvcc {name}"),
         );
-        let sass = disassemble(&std::fs::read(&cubin).unwrap(), dir.path(), "k.cubin");
+        let sass = disassemble(&nvdisasm, &cubin);
         assert!(sass.contains(".text.k:"), "{name}: no kernel in the SASS");
         counts.push(uses_of(&sass, SLOW));
     }
