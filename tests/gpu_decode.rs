@@ -10,7 +10,7 @@
 //! Bandwidth of the Qwen3-4B projections is printed (measured with CUDA events; never asserted).
 
 use aot_kernels::dispatch::{
-    load_available, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy,
+    load_available, open_device, LoadedKernels, ModuleSource, OpenDevice, PdlMode, Policy,
 };
 use aot_kernels::ops::attention::{
     attention_decode, attention_decode_reference, attn_pipelined, attn_scratch_needs, attn_splits,
@@ -19,9 +19,9 @@ use aot_kernels::ops::attention::{
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
-    gemv, gemv_reference, gemv_shape, norm_input_reference, norm_input_with_scales,
-    residual_groups, residual_reference, silu_mul_reference, GemvInput, GemvOutput, MAX_TOKENS,
-    TILE_ROWS,
+    gemv, gemv_reference, gemv_shape, gemv_with, norm_input_reference, norm_input_with_scales,
+    residual_groups, residual_reference, silu_mul_reference, GemvInput, GemvOptions, GemvOutput,
+    MAX_TOKENS, MODULE, TILE_ROWS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -129,6 +129,7 @@ fn rows_flip_bound(got_h: &[bf16], want_h: &[bf16], rows: std::ops::Range<usize>
 /// Runs one case for `m` tokens on `k` kernels; returns the outputs (bf16 bits or f32 bits as u32).
 /// With the norm prologue, each row's sum of squares goes in as the engine's producers leave it:
 /// one partial sum per 16 elements (`[groups][8]`), which the kernel adds up itself.
+#[allow(clippy::too_many_arguments)]
 fn run_gemv(
     kr: &LoadedKernels,
     c: &GemvCase,
@@ -137,7 +138,11 @@ fn run_gemv(
     x: &[bf16],
     nw: &[bf16],
     h0: &[bf16],
+    overlap: bool,
 ) -> Vec<u32> {
+    let options = GemvOptions {
+        overlap_previous: overlap,
+    };
     let s = kr.stream();
     let dw = upload(s, w);
     let dx = upload(s, x);
@@ -169,7 +174,7 @@ fn run_gemv(
     let out = match c.epi {
         Epi::Bf16 => {
             let mut o = s.alloc_zeros::<bf16>(m * c.n).unwrap();
-            gemv(
+            gemv_with(
                 kr,
                 dev(kr, &dw),
                 c.n,
@@ -180,6 +185,7 @@ fn run_gemv(
                     out: dev_mut(kr, &mut o),
                     ld_out: c.n,
                 },
+                options,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -190,7 +196,7 @@ fn run_gemv(
         }
         Epi::F32 => {
             let mut o = s.alloc_zeros::<f32>(m * c.n).unwrap();
-            gemv(
+            gemv_with(
                 kr,
                 dev(kr, &dw),
                 c.n,
@@ -201,6 +207,7 @@ fn run_gemv(
                     out: dev_mut(kr, &mut o),
                     ld_out: c.n,
                 },
+                options,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -214,7 +221,7 @@ fn run_gemv(
             let mut so = s
                 .alloc_zeros::<f32>(residual_groups(c.n) * MAX_TOKENS)
                 .unwrap();
-            gemv(
+            gemv_with(
                 kr,
                 dev(kr, &dw),
                 c.n,
@@ -226,6 +233,7 @@ fn run_gemv(
                     ld_h: c.n,
                     ssq_out: dev_mut(kr, &mut so),
                 },
+                options,
             )
             .unwrap();
             let mut v: Vec<u32> = s
@@ -240,7 +248,7 @@ fn run_gemv(
         Epi::SiluMul => {
             let inter = c.n / 2;
             let mut o = s.alloc_zeros::<bf16>(m * inter).unwrap();
-            gemv(
+            gemv_with(
                 kr,
                 dev(kr, &dw),
                 c.n,
@@ -252,6 +260,7 @@ fn run_gemv(
                     ld_out: inter,
                     intermediate: inter,
                 },
+                options,
             )
             .unwrap();
             s.clone_dtoh(&o)
@@ -420,6 +429,20 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             epi: Epi::SiluMul,
         },
     ]);
+    // Whether overlapped launches stage here: on Hopper and later, whose auto images are sm_90+.
+    let capability = d.spec.capability;
+    assert_eq!(
+        sass.overlap_launch(MODULE),
+        capability.major >= 9 && PdlMode::from_env().unwrap() != PdlMode::Off,
+        "overlap on an sm_{}{} GPU",
+        capability.major,
+        capability.minor
+    );
+    assert!(
+        !ptx.overlap_launch(MODULE),
+        "the compute_80 PTX has no griddepcontrol.wait"
+    );
+    let mut staged_runs = 0;
     // Wide norm launches take the all-rows prologue from NORM_ALL_ROWS_MIN (4) rows: 3 and 4 sit
     // either side, and the alone-versus-batched check below compares the two prologues' bits.
     for c in &cases {
@@ -434,8 +457,19 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
                 .map(|r| r.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum::<f64>() as f32)
                 .collect();
             let h0 = rand_bf16(&mut rng, m * c.n, 2.0);
-            let got = run_gemv(&sass, c, m, &w, &x, &nw, &h0);
-            let got_ptx = run_gemv(&ptx, c, m, &w, &x, &nw, &h0);
+            let got = run_gemv(&sass, c, m, &w, &x, &nw, &h0, false);
+            let got_ptx = run_gemv(&ptx, c, m, &w, &x, &nw, &h0, false);
+            // Overlapped (the staged narrow entries, launched programmatically where the image
+            // allows: an sm_90+ GPU under auto): the same sums in the same order, the same bits.
+            let staged = run_gemv(&sass, c, m, &w, &x, &nw, &h0, true);
+            assert_eq!(
+                got, staged,
+                "{} m={m}: the overlapped launch differs",
+                c.name
+            );
+            if gemv_shape(c.n, sass.sm_count()).narrow && sass.overlap_launch(MODULE) {
+                staged_runs += 1;
+            }
             assert_eq!(got, got_ptx, "{} m={m}: SASS and PTX differ", c.name);
 
             let xin = if c.norm {
@@ -530,7 +564,7 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             // Token j's result alone equals its result in the batch (residual output: h rows only).
             if m > 1 {
                 let j = m - 1;
-                let alone = run_gemv(&sass, c, 1, &w, &x[j * c.k..], &nw, &h0[j * c.n..]);
+                let alone = run_gemv(&sass, c, 1, &w, &x[j * c.k..], &nw, &h0[j * c.n..], false);
                 let width = match c.epi {
                     Epi::SiluMul => c.n / 2,
                     _ => c.n,
@@ -542,6 +576,10 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
                 );
             }
         }
+    }
+    if sass.overlap_launch(MODULE) {
+        eprintln!("  {staged_runs} launches took the staged entries");
+        assert!(staged_runs > 0, "no case took the staged entries");
     }
 }
 

@@ -29,10 +29,13 @@ const SLOTS: usize = 12;
 
 fn check_bf16(what: &str, got: &[bf16], want: &[bf16]) {
     let (rel, near) = bf16_error(got, want);
-    eprintln!(
-        "{what}: max |diff| {rel:.2e} of max, {:.4} within 2 ulp",
-        near
-    );
+    eprintln!("{what}: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp");
+    check_bf16_error(what, got, rel, near);
+}
+
+/// `got` finite and not all zero; `rel` (largest |difference| over the largest reference value)
+/// and `near` (the share within 2 ulps) within the bf16 tolerances.
+fn check_bf16_error(what: &str, got: &[bf16], rel: f64, near: f64) {
     assert!(
         got.iter().all(|v| v.is_finite()),
         "{what}: non-finite output"
@@ -327,11 +330,16 @@ fn gpu_triton_kernels_match_cpu_references_and_transformers() {
                 own.topk_weights
             );
             let got = download(st, &out);
-            check_bf16(
-                &format!("[{path}] moe {tokens} tokens out vs CPU from its logits"),
-                &got,
-                &own.out,
+            // Within 2 ulps of each element's rounding chain (the weighted experts summed in
+            // bf16, then the shared expert): seed 3313329556806431867 put 2.5% of one token's
+            // outputs past 2 ulps of the result, where a partial sum was larger than the result.
+            let what = format!("[{path}] moe {tokens} tokens out vs CPU from its logits");
+            let (rel, near) = bf16_error(&got, &own.out);
+            let chain_near = bf16_chain_near(&got, &own.out, &own.out_chain);
+            eprintln!(
+                "{what}: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp, {chain_near:.4} within 2 ulp of its chain"
             );
+            check_bf16_error(&what, &got, rel, chain_near);
             // End to end against the reference's own logits, on the largest error only: a logit
             // error that the logits' check lets through (the shared gate's column is 1 value in
             // 257 of it) cannot move the output far unnoticed, on either path.

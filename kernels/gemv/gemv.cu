@@ -15,6 +15,16 @@
 //           shared memory in warp order. (Pairs: a block with two tiles streams each warp's 20
 //           chunks of qkv in three rounds of loads instead of four, and pays one barrier and
 //           reduction instead of two: qkv 13.7 -> 12.3 us at one token on the H200.)
+// Staged (the `_staged` narrow entries, for launches the host lets overlap the kernel before them
+// with programmatic dependent launch): before its pdl_wait every lane copies its first weight
+// chunks (kStagePlain or kStageNorm of 32 elements, both row halves) into a lane-private slot of
+// shared memory with cp.async, so that they stream while the previous kernel still runs; the
+// warp's first batch then takes them from there. Weights are never written by a kernel the
+// decode step runs, so reading them before the wait is safe (src/ops/gemv.rs states the contract).
+// The same chunks in the same order: the staged entries compute the same bits as the plain ones.
+// On the H200 (decode-chain, one row, 80 tokens) qkv took 11.4 instead of 12.4 us and o_proj 7.3
+// instead of 8.5; staging without the overlap, or in gate_up and down, lost (the stage's shared
+// memory takes L1 that the streaming loads use: down 15.2 -> 17.8 us).
 // Either way a result is complete inside one warp or one block: no workspace, no atomics, and the
 // order of every sum is fixed by the launch layout (the shapes and the SM count: whether a narrow
 // tile is split four or eight ways depends on the block count), never by timing. A token's result
@@ -42,6 +52,15 @@ constexpr int kTileRows = 16;
 constexpr int kMaxTokens = 8;
 constexpr int kUnroll = 8;
 constexpr int kXPad = 32;  // shared-memory row padding (elements): spreads rows over the banks
+
+constexpr int kStagePlain = 8;  // chunks staged per lane: all of the first batch
+constexpr int kStageNorm = 6;   // less beside the norm kernels' x (two blocks an SM at eight rows)
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3 };
 
@@ -159,33 +178,87 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
     }
 }
 
-// acc += the tile's rows (g, g + 8) times x over chunks [c_begin, c_end) of 32 elements.
-template <bool kNormX>
-__device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bfloat16* wlo, const __nv_bfloat16* whi,
-                                              const __nv_bfloat16* xrow, bool has_token, int c_begin, int c_end,
-                                              float (&acc)[4]) {
+// The 16 weight loads of chunks [c0, c0 + kUnroll), then the mma of each against x. Chunk c0 + j
+// comes from the lane's stage `st` (slots [j][lo, hi], 32 lanes apart) when j < kP.
+template <bool kNormX, int kP>
+__device__ __forceinline__ void chunk_batch(const GemvParams& p, const __nv_bfloat16* wlo, const __nv_bfloat16* whi,
+                                            const __nv_bfloat16* xrow, bool has_token, int c0, int c_end,
+                                            float (&acc)[4], const uint4* st) {
     const int t = (threadIdx.x & 31) & 3;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int c0 = c_begin; c0 < c_end; c0 += kUnroll) {
-        // All sixteen weight loads first (they are what the stream waits on), then x chunk by
-        // chunk as the mma needs it: fewer live registers, so every weight load stays in flight.
-        uint4 lo[kUnroll], hi[kUnroll];
+    // All sixteen weight loads first (they are what the stream waits on), then x chunk by chunk
+    // as the mma needs it: fewer live registers, so every weight load stays in flight.
+    uint4 lo[kUnroll], hi[kUnroll];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            const int kk = (c0 + j) * 32 + t * 8;
-            const bool ok = c0 + j < c_end && kk < p.k;
+    for (int j = 0; j < kUnroll; ++j) {
+        const int kk = (c0 + j) * 32 + t * 8;
+        const bool ok = c0 + j < c_end && kk < p.k;
+        if (j < kP) {
+            lo[j] = (ok && wlo) ? st[(2 * j) * 32] : zero;
+            hi[j] = (ok && whi) ? st[(2 * j + 1) * 32] : zero;
+        } else {
             lo[j] = (ok && wlo) ? aot::ld_stream16(wlo + kk) : zero;
             hi[j] = (ok && whi) ? aot::ld_stream16(whi + kk) : zero;
         }
+    }
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            const int kk = (c0 + j) * 32 + t * 8;
-            uint4 xv = zero;
-            if (c0 + j < c_end && kk < p.k && has_token) {
-                xv = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
-            }
-            aot::mma_chunk32(acc, lo[j], hi[j], xv);
+    for (int j = 0; j < kUnroll; ++j) {
+        const int kk = (c0 + j) * 32 + t * 8;
+        uint4 xv = zero;
+        if (c0 + j < c_end && kk < p.k && has_token) {
+            xv = kNormX ? *reinterpret_cast<const uint4*>(xrow + kk) : aot::ld_cached16(xrow + kk);
         }
+        aot::mma_chunk32(acc, lo[j], hi[j], xv);
+    }
+}
+
+// acc += the tile's rows (g, g + 8) times x over chunks [c_begin, c_end) of 32 elements. With a
+// stage `st`, the first batch's first kP chunks come from it.
+template <bool kNormX, int kP>
+__device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bfloat16* wlo, const __nv_bfloat16* whi,
+                                              const __nv_bfloat16* xrow, bool has_token, int c_begin, int c_end,
+                                              float (&acc)[4], const uint4* st) {
+    int c0 = c_begin;
+    if (kP > 0 && st != nullptr && c0 < c_end) {
+        chunk_batch<kNormX, kP>(p, wlo, whi, xrow, has_token, c0, c_end, acc, st);
+        c0 += kUnroll;
+    }
+    for (; c0 < c_end; c0 += kUnroll) chunk_batch<kNormX, 0>(p, wlo, whi, xrow, has_token, c0, c_end, acc, nullptr);
+}
+
+// A narrow block's first tile for this warp and its slice of K, as the loop in gemv_body takes
+// them: a pair's tile (four warps a tile) when the block has two, else its one tile (eight).
+__device__ __forceinline__ void narrow_first(const GemvParams& p, int& tile, int& c_begin, int& c_end) {
+    const int warp = threadIdx.x >> 5;
+    const int tiles = (p.n + kTileRows - 1) / kTileRows;
+    const int chunks = (p.k + 31) / 32;
+    const int stride = gridDim.x;
+    const bool pair = static_cast<int>(blockIdx.x) + stride < tiles;
+    const int group = pair ? kWarps / 2 : kWarps;
+    tile = pair ? blockIdx.x + (warp / (kWarps / 2)) * stride : blockIdx.x;
+    const int per = (chunks + group - 1) / group;
+    c_begin = (warp % group) * per;
+    c_end = min(chunks, c_begin + per);
+}
+
+// The lane's share of its warp's first kP chunks (narrow layout) copied into its stage by
+// cp.async. Reads only the weights, nothing an earlier kernel wrote.
+template <int kP>
+__device__ __forceinline__ void stage_first(const GemvParams& p, uint4* st) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    int tile, c_begin, c_end;
+    narrow_first(p, tile, c_begin, c_end);
+    if (tile * kTileRows >= p.n) return;
+    const __nv_bfloat16* wlo = weight_row(p, tile * kTileRows + g);
+    const __nv_bfloat16* whi = weight_row(p, tile * kTileRows + g + 8);
+#pragma unroll
+    for (int j = 0; j < kP; ++j) {
+        const int kk = (c_begin + j) * 32 + t * 8;
+        const bool ok = c_begin + j < c_end && kk < p.k;
+        if (ok && wlo) cp_async16(st + (2 * j) * 32, wlo + kk);
+        if (ok && whi) cp_async16(st + (2 * j + 1) * 32, whi + kk);
     }
 }
 
@@ -315,9 +388,9 @@ __device__ __forceinline__ void finish_tile(const GemvParams& p, int tile, const
 // Narrow: one tile by a group of kGroup warps (this warp is slice `warp % kGroup` of K), the
 // slices' sums added in warp order by the group's first warp, which runs the epilogue. Every warp
 // of the block calls it (it holds the block's barriers).
-template <bool kNormX, int kGroup>
+template <bool kNormX, int kGroup, int kP>
 __device__ __forceinline__ void narrow_tile(const GemvParams& p, Shared& s, int tile, const __nv_bfloat16* xrow,
-                                            bool has_token, int chunks) {
+                                            bool has_token, int chunks, const uint4* st) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
@@ -325,8 +398,8 @@ __device__ __forceinline__ void narrow_tile(const GemvParams& p, Shared& s, int 
     const int per = (chunks + kGroup - 1) / kGroup;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int vrow = tile * kTileRows + g;
-    stream_chunks<kNormX>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, wi * per,
-                          min(chunks, (wi + 1) * per), acc);
+    stream_chunks<kNormX, kP>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, wi * per,
+                              min(chunks, (wi + 1) * per), acc, st);
 #pragma unroll
     for (int q = 0; q < 4; ++q) s.red[warp][lane][q] = acc[q];
     __syncthreads();
@@ -341,8 +414,10 @@ __device__ __forceinline__ void narrow_tile(const GemvParams& p, Shared& s, int 
     __syncthreads();
 }
 
-template <bool kNormX, bool kNarrow, bool kAllRows = kNarrow>
+template <bool kNormX, bool kNarrow, bool kAllRows = kNarrow, bool kStaged = false>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
+    static_assert(!kStaged || kNarrow, "only the narrow layout stages");
+    constexpr int kP = kStaged ? (kNormX ? kStageNorm : kStagePlain) : 0;
     extern __shared__ uint4 dyn_smem[];
     __shared__ Shared s;
     __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(dyn_smem);
@@ -350,11 +425,17 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
+    // The stage follows x in dynamic shared memory: [warp][chunk][lo, hi][lane].
+    uint4* st = reinterpret_cast<uint4*>(reinterpret_cast<char*>(dyn_smem) +
+                                         (kNormX ? static_cast<size_t>(p.m) * x_stride * 2 : 0)) +
+                warp * kP * 2 * 32 + lane;
 
     aot::pdl_launch_dependents();
+    if constexpr (kP > 0) stage_first<kP>(p, st);
     aot::pdl_wait();
 
     if (kNormX) norm_prologue<kAllRows>(p, s, x_smem, x_stride);
+    if constexpr (kP > 0) cp_async_wait_all();  // the lane's own copies: it alone reads its slots
 
     const int tiles = (p.n + kTileRows - 1) / kTileRows;
     const int chunks = (p.k + 31) / 32;
@@ -367,19 +448,24 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
         for (int tile = warp * gridDim.x + blockIdx.x; tile < tiles; tile += gridDim.x * kWarps) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int vrow = tile * kTileRows + g;
-            stream_chunks<kNormX>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, 0, chunks, acc);
+            stream_chunks<kNormX, 0>(p, weight_row(p, vrow), weight_row(p, vrow + 8), xrow, has_token, 0, chunks, acc,
+                                     nullptr);
             finish_tile(p, tile, acc, tl);
             __syncwarp();
         }
     } else {
         // Narrow: the block takes tiles blockIdx.x, + gridDim.x, ...: two at a time, warps 0-3 on
         // the first and 4-7 on the second, then a last odd one with all eight warps.
+        // The stage holds the first tile's first chunks (narrow_first).
         const int stride = gridDim.x;
         int tile = blockIdx.x;
+        const uint4* first = kP > 0 ? st : nullptr;
         for (; tile + stride < tiles; tile += 2 * stride) {
-            narrow_tile<kNormX, kWarps / 2>(p, s, tile + (warp / (kWarps / 2)) * stride, xrow, has_token, chunks);
+            narrow_tile<kNormX, kWarps / 2, kP>(p, s, tile + (warp / (kWarps / 2)) * stride, xrow, has_token, chunks,
+                                                first);
+            first = nullptr;
         }
-        if (tile < tiles) narrow_tile<kNormX, kWarps>(p, s, tile, xrow, has_token, chunks);
+        if (tile < tiles) narrow_tile<kNormX, kWarps, kP>(p, s, tile, xrow, has_token, chunks, first);
     }
 }
 
@@ -400,6 +486,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_norm_bf16(const G
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_bf16(const GemvParams p) {
     gemv_body<true, true>(p);
+}
+// The narrow kernels with each warp's first weights staged in shared memory before pdl_wait (see
+// the top of the file); dynamic shared memory: x (norm) and then kWarps x kP x 2 x 32 x 16 bytes.
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_staged_bf16(const GemvParams p) {
+    gemv_body<false, true, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_staged_bf16(const GemvParams p) {
+    gemv_body<true, true, true, true>(p);
 }
 // The wide kernel with the all-rows prologue, for batches of NORM_ALL_ROWS_MIN rows and more.
 // Held to 112 registers (two blocks an SM either way; __maxnreg__ replaces __launch_bounds__, the

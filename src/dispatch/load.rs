@@ -56,6 +56,8 @@ pub struct LoadReport {
     pub ordinal: usize,
     pub device: DeviceSpec,
     pub policy: Policy,
+    /// Where programmatic dependent launch may be used (`AOT_KERNELS_PDL`).
+    pub pdl: PdlMode,
     pub modules: Vec<ModuleReport>,
 }
 
@@ -141,8 +143,11 @@ pub struct LoadedKernels {
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
     sm_count: usize,
-    /// Modules whose loaded image may be launched with programmatic dependent launch.
+    /// Modules whose every launch is programmatic (`AOT_KERNELS_PDL=all`).
     pdl: std::collections::BTreeSet<String>,
+    /// Modules whose loaded image may overlap the kernel before it where a launcher asks for it
+    /// (sm_90+ image on a Hopper or later GPU, unless `AOT_KERNELS_PDL=off`).
+    overlap: std::collections::BTreeSet<String>,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
 }
@@ -209,6 +214,14 @@ impl LoadedKernels {
         self.pdl.contains(module)
     }
 
+    /// Whether a launcher may launch kernels of `module` programmatically where it asks for it
+    /// (the launches that stage their first weights before `griddepcontrol.wait`, such as
+    /// [`crate::ops::gemv::gemv_with`] with `overlap_previous`): the same image condition as
+    /// [`Self::programmatic_launch`], under the default `AOT_KERNELS_PDL=auto` or `all`.
+    pub fn overlap_launch(&self, module: &str) -> bool {
+        self.overlap.contains(module)
+    }
+
     /// Lets `entry` launch with `bytes` of dynamic shared memory: past 48 KiB (static included)
     /// the driver needs an explicit opt-in. Done once per function and size, so that launches
     /// inside a CUDA graph capture make no driver calls besides the launch.
@@ -265,14 +278,70 @@ impl LoadedKernels {
     }
 }
 
-/// Environment variable that turns programmatic dependent launch on (`1`). It is off by default:
-/// measured on the H200, letting the next kernel's blocks start early slowed the decode step
-/// (283 -> 231 tok/s at concurrency 1), so the kernels' `griddepcontrol` hooks stay dormant.
+/// Environment variable that sets where programmatic dependent launch is used ([`PdlMode`]).
 pub const PDL_ENV: &str = "AOT_KERNELS_PDL";
 
-fn pdl_modules(device: &DeviceSpec, report: &LoadReport) -> std::collections::BTreeSet<String> {
-    let on = std::env::var(PDL_ENV).is_ok_and(|v| v.trim() == "1");
-    if !on || device.capability.major < 9 {
+/// Where kernels launch with programmatic dependent launch (Hopper and later, sm_90+ images only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PdlMode {
+    /// Only the launches that ask for it and have work to do before their wait: the decode step's
+    /// qkv and o_proj GEMVs, which stage their first weights meanwhile (on the H200, decode-chain:
+    /// the step 1-2% shorter).
+    #[default]
+    Auto,
+    /// Every launch of every sm_90+ module (the kernels' hooks all live). Measured on the H200 it
+    /// slowed the decode step (283 -> 231 tok/s at concurrency 1, an earlier build; -5.5% again
+    /// later): the next kernel's blocks land wherever the previous one's leave first, unevenly.
+    All,
+    /// None: every kernel waits for the one before it to end.
+    Off,
+}
+
+impl PdlMode {
+    pub const ALL: [PdlMode; 3] = [PdlMode::Auto, PdlMode::All, PdlMode::Off];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdlMode::Auto => "auto",
+            PdlMode::All => "all",
+            PdlMode::Off => "off",
+        }
+    }
+
+    /// `AOT_KERNELS_PDL`: `auto` (default, also when unset or empty), `all` (or `1`), `off` (or `0`).
+    pub fn from_env() -> Result<PdlMode, ParsePdlModeError> {
+        match std::env::var(PDL_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse(),
+            _ => Ok(PdlMode::Auto),
+        }
+    }
+}
+
+impl std::str::FromStr for PdlMode {
+    type Err = ParsePdlModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "1" => return Ok(PdlMode::All),
+            "0" => return Ok(PdlMode::Off),
+            _ => {}
+        }
+        PdlMode::ALL
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| ParsePdlModeError(s.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a programmatic-launch mode: set {PDL_ENV} to `auto` (the default), `all` (or `1`) or `off` (or `0`)")]
+pub struct ParsePdlModeError(pub String);
+
+/// The modules whose loaded image holds `griddepcontrol.wait` (built for sm_90 or later) on a GPU
+/// that has it (capability 9.0 or later): the ones programmatic launch may touch at all.
+fn pdl_capable(device: &DeviceSpec, report: &LoadReport) -> std::collections::BTreeSet<String> {
+    if device.capability.major < 9 {
         return Default::default();
     }
     report
@@ -336,6 +405,7 @@ pub fn load_modules(
     policy: Policy,
     modules: &[ModuleSource],
 ) -> Result<LoadedKernels, DispatchError> {
+    let pdl_mode = PdlMode::from_env()?;
     let mut loaded = BTreeMap::new();
     let mut reports = Vec::with_capacity(modules.len());
     for m in modules {
@@ -358,6 +428,7 @@ pub fn load_modules(
         ordinal,
         device: device.spec,
         policy,
+        pdl: pdl_mode,
         modules: reports,
     };
     // A stream of our own rather than the legacy default stream: CUDA graphs cannot be captured
@@ -366,9 +437,15 @@ pub fn load_modules(
         ordinal,
         failure: translate(e),
     })?;
-    let pdl = pdl_modules(&device.spec, &report);
+    let capable = pdl_capable(&device.spec, &report);
+    let (pdl, overlap) = match pdl_mode {
+        PdlMode::Off => (Default::default(), Default::default()),
+        PdlMode::Auto => (Default::default(), capable),
+        PdlMode::All => (capable.clone(), capable),
+    };
     Ok(LoadedKernels {
         pdl,
+        overlap,
         ctx: device.ctx.clone(),
         stream,
         modules: loaded,
@@ -479,4 +556,22 @@ fn load_module(
         entries,
     };
     Ok((LoadedModule { module, functions }, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pdl_modes_parse_by_name_and_by_the_old_switch() {
+        assert_eq!("auto".parse(), Ok(PdlMode::Auto));
+        assert_eq!("ALL".parse(), Ok(PdlMode::All));
+        assert_eq!("1".parse(), Ok(PdlMode::All));
+        assert_eq!("off".parse(), Ok(PdlMode::Off));
+        assert_eq!("0".parse(), Ok(PdlMode::Off));
+        let err = "yes".parse::<PdlMode>().unwrap_err();
+        assert!(err.to_string().contains("AOT_KERNELS_PDL"), "{err}");
+        assert!(err.to_string().contains("`yes`"), "{err}");
+        assert_eq!(PdlMode::default(), PdlMode::Auto);
+    }
 }

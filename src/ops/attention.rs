@@ -165,7 +165,7 @@ pub struct AttnDecode<'a> {
     pub block_table: DevRef<'a, i32>,
     pub ld_bt: usize,
     /// `[m]`: each row's block-table row. Like `positions`, the kernel reads it before it waits
-    /// for the kernel before it under programmatic dependent launch (`AOT_KERNELS_PDL=1`): both
+    /// for the kernel before it under programmatic dependent launch (`AOT_KERNELS_PDL=all`): both
     /// must come from the host or from work finished before that kernel started (a copy on the
     /// stream), never from the kernel just before on the stream.
     pub slot_of_row: DevRef<'a, i32>,

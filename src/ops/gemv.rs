@@ -12,7 +12,7 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use half::bf16;
 
-use super::launch::{check_view, launch_params, to_i32, DevMut, DevRef, OpsError};
+use super::launch::{check_view, launch_params_pdl, to_i32, DevMut, DevRef, OpsError};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "gemv";
@@ -22,6 +22,10 @@ pub const ENTRY_NORM: &str = "gemv_norm_bf16";
 pub const ENTRY_NORM_ROWS: &str = "gemv_norm_rows_bf16";
 pub const ENTRY_NARROW_PLAIN: &str = "gemv_narrow_bf16";
 pub const ENTRY_NARROW_NORM: &str = "gemv_narrow_norm_bf16";
+/// The narrow kernels that stage each warp's first weights in shared memory before their
+/// `griddepcontrol.wait` (see [`GemvOptions::overlap_previous`]).
+pub const ENTRY_NARROW_STAGED: &str = "gemv_narrow_staged_bf16";
+pub const ENTRY_NARROW_NORM_STAGED: &str = "gemv_narrow_norm_staged_bf16";
 
 /// Weight rows per tile (one mma tile) and per epilogue group.
 pub const TILE_ROWS: usize = 16;
@@ -31,6 +35,19 @@ const THREADS: u32 = 256;
 const WARPS: usize = 8;
 const BLOCKS_PER_SM: usize = 2;
 const X_PAD: usize = 32;
+/// Weight chunks of 32 elements each lane stages (kStagePlain, kStageNorm in the kernel).
+const STAGE_CHUNKS_PLAIN: usize = 8;
+const STAGE_CHUNKS_NORM: usize = 6;
+
+/// Dynamic shared memory the staged entries add after x: `[warp][chunk][lo, hi][lane]` of 16 bytes.
+pub fn stage_bytes(norm: bool) -> usize {
+    let chunks = if norm {
+        STAGE_CHUNKS_NORM
+    } else {
+        STAGE_CHUNKS_PLAIN
+    };
+    WARPS * chunks * 2 * 32 * 16
+}
 
 /// Mirror of `GemvParams` in kernels/gemv/gemv.cu, field for field.
 #[repr(C)]
@@ -118,6 +135,53 @@ pub fn norm_all_rows(m: usize) -> bool {
     m >= NORM_ALL_ROWS_MIN
 }
 
+/// How a GEMV launch relates to the kernel before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GemvOptions {
+    /// Let the launch overlap the end of the kernel before it: a narrow layout then takes the
+    /// staged entry, whose warps copy their first weights into shared memory while the previous
+    /// kernel still runs, and launches with programmatic dependent launch. Only where
+    /// [`LoadedKernels::overlap_launch`] allows it (an sm_90+ image on Hopper or later, and
+    /// `AOT_KERNELS_PDL` not `off`); otherwise, and for wide layouts, the launch is as without it.
+    /// Same bits either way.
+    ///
+    /// Contract: nothing still running on the stream writes `w` (weights are written before
+    /// decode starts). x, h and the sums of squares are read only after the wait.
+    ///
+    /// Worth it where the kernel before leaves SMs free or ends unevenly: measured on the H200
+    /// (decode-chain, `bench/gpu-runs/20261201T050000Z-…-staged-pdl/`) for qkv after down and
+    /// o_proj after attention, the step 1.1-2.0% shorter at one row, 0.2-1.1% at eight. Staging
+    /// without the overlap, and in gate_up and down, lost.
+    pub overlap_previous: bool,
+}
+
+/// The entry and dynamic shared memory of a launch: `norm` for the RMSNorm input, `shape` from
+/// [`gemv_shape`], `staged` when the launch overlaps the previous kernel (narrow layouts only).
+pub fn gemv_entry(
+    norm: bool,
+    m: usize,
+    k: usize,
+    shape: GemvShape,
+    staged: bool,
+) -> (&'static str, usize) {
+    let x_bytes = if norm { m * (k + X_PAD) * 2 } else { 0 };
+    let entry = match (norm, shape.narrow, staged && shape.narrow) {
+        (false, true, true) => ENTRY_NARROW_STAGED,
+        (true, true, true) => ENTRY_NARROW_NORM_STAGED,
+        (false, true, false) => ENTRY_NARROW_PLAIN,
+        (true, true, false) => ENTRY_NARROW_NORM,
+        (false, false, _) => ENTRY_PLAIN,
+        (true, false, _) if norm_all_rows(m) => ENTRY_NORM_ROWS,
+        (true, false, _) => ENTRY_NORM,
+    };
+    let stage = if staged && shape.narrow {
+        stage_bytes(norm)
+    } else {
+        0
+    };
+    (entry, x_bytes + stage)
+}
+
 /// Where x comes from.
 pub enum GemvInput<'a> {
     /// Rows `x[m][ld_x]`.
@@ -180,6 +244,21 @@ pub fn gemv(
     input: &GemvInput<'_>,
     output: GemvOutput<'_>,
 ) -> Result<(), OpsError> {
+    gemv_with(kernels, w, n, k, m, input, output, GemvOptions::default())
+}
+
+/// [`gemv`] with [`GemvOptions`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_with(
+    kernels: &LoadedKernels,
+    w: DevRef<'_, bf16>,
+    n: usize,
+    k: usize,
+    m: usize,
+    input: &GemvInput<'_>,
+    output: GemvOutput<'_>,
+    options: GemvOptions,
+) -> Result<(), OpsError> {
     let op = "gemv";
     let shape_err = |message: String| OpsError::Shape { op, message };
     if n == 0 || k == 0 || m == 0 || m > MAX_TOKENS || !k.is_multiple_of(8) {
@@ -196,7 +275,7 @@ pub fn gemv(
         ..GemvParams::default()
     };
 
-    let (entry, smem) = match input {
+    let norm = match input {
         GemvInput::Plain { x, ld_x } => {
             if !ld_x.is_multiple_of(8) || *ld_x < k {
                 return Err(shape_err(format!(
@@ -206,7 +285,7 @@ pub fn gemv(
             check_view(op, "x", x.len(), &[(m - 1) * ld_x + k])?;
             p.x = x.addr();
             p.ld_x = to_i32(op, "ld_x", *ld_x)?;
-            (ENTRY_PLAIN, 0)
+            false
         }
         GemvInput::Norm {
             h,
@@ -232,7 +311,7 @@ pub fn gemv(
             p.norm_w = weight.addr();
             p.eps = *eps;
             p.norm_offset = *weight_offset;
-            (ENTRY_NORM, m * (k + X_PAD) * 2)
+            true
         }
     };
 
@@ -290,19 +369,15 @@ pub fn gemv(
         }
     }
     let shape = gemv_shape(p.n as usize, kernels.sm_count());
-    let entry = match (entry == ENTRY_NORM, shape.narrow) {
-        (false, false) => ENTRY_PLAIN,
-        (true, false) if norm_all_rows(p.m as usize) => ENTRY_NORM_ROWS,
-        (true, false) => ENTRY_NORM,
-        (false, true) => ENTRY_NARROW_PLAIN,
-        (true, true) => ENTRY_NARROW_NORM,
-    };
+    let staged = options.overlap_previous && shape.narrow && kernels.overlap_launch(MODULE);
+    let (entry, smem) = gemv_entry(norm, m, k, shape, staged);
     let cfg = LaunchConfig {
         grid_dim: (to_i32(op, "blocks", shape.blocks)? as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    launch_params(kernels, op, MODULE, entry, cfg, &p)
+    let programmatic = staged || kernels.programmatic_launch(MODULE);
+    launch_params_pdl(kernels, op, MODULE, entry, cfg, &p, programmatic)
 }
 
 /// `y[t][r] = sum_k x[t][k] w[r][k]` in float64 (the kernel's fp32 sum approximates it).
@@ -441,6 +516,45 @@ mod tests {
         assert_eq!(silu_virtual_rows(9728), 19456);
         assert_eq!(silu_virtual_rows(184), 368);
         assert_eq!(silu_virtual_rows(20), 48);
+    }
+
+    #[test]
+    fn only_narrow_launches_that_overlap_take_the_staged_entries() {
+        let narrow = gemv_shape(2560, 132);
+        let wide = gemv_shape(19456, 132);
+        assert!(narrow.narrow && !wide.narrow);
+        // qkv (norm) and o_proj (plain) at one and eight rows; x first, then the stage.
+        for m in [1, 8] {
+            let x = m * (2560 + X_PAD) * 2;
+            assert_eq!(
+                gemv_entry(true, m, 2560, narrow, false),
+                (ENTRY_NARROW_NORM, x)
+            );
+            assert_eq!(
+                gemv_entry(true, m, 2560, narrow, true),
+                (ENTRY_NARROW_NORM_STAGED, x + 8 * 6 * 2 * 32 * 16)
+            );
+            assert_eq!(
+                gemv_entry(false, m, 4096, narrow, false),
+                (ENTRY_NARROW_PLAIN, 0)
+            );
+            assert_eq!(
+                gemv_entry(false, m, 4096, narrow, true),
+                (ENTRY_NARROW_STAGED, 8 * 8 * 2 * 32 * 16)
+            );
+            // A wide launch never stages, asked or not.
+            let rows = if norm_all_rows(m) {
+                ENTRY_NORM_ROWS
+            } else {
+                ENTRY_NORM
+            };
+            assert_eq!(gemv_entry(true, m, 2560, wide, true), (rows, x));
+            assert_eq!(gemv_entry(false, m, 2560, wide, true), (ENTRY_PLAIN, 0));
+        }
+        // Two staged norm blocks fit an SM of 228 KiB at eight rows of Qwen3-4B (with the
+        // kernel's 8.2 KiB of static shared memory and 1 KiB reserved per block).
+        let (_, smem) = gemv_entry(true, MAX_TOKENS, 2560, narrow, true);
+        assert!(2 * (smem + 8224 + 1024) <= 228 * 1024, "{smem}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::gemv::MODULE, super::gemv::ENTRY_NORM_ROWS),
     (super::gemv::MODULE, super::gemv::ENTRY_NARROW_PLAIN),
     (super::gemv::MODULE, super::gemv::ENTRY_NARROW_NORM),
+    (super::gemv::MODULE, super::gemv::ENTRY_NARROW_STAGED),
+    (super::gemv::MODULE, super::gemv::ENTRY_NARROW_NORM_STAGED),
     (super::attention::MODULE, super::attention::ENTRIES[0]),
     (super::attention::MODULE, super::attention::ENTRIES[1]),
     (super::attention::MODULE, super::attention::ENTRIES[2]),
@@ -383,11 +385,25 @@ pub(crate) fn launch_params<P: DeviceRepr + Copy>(
     cfg: LaunchConfig,
     params: &P,
 ) -> Result<(), OpsError> {
+    let programmatic = kernels.programmatic_launch(module);
+    launch_params_pdl(kernels, op, module, entry, cfg, params, programmatic)
+}
+
+/// [`launch_params`] with programmatic dependent launch chosen by the caller, which must have
+/// checked [`LoadedKernels::overlap_launch`] (or `programmatic_launch`) for `module` first.
+pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    module: &str,
+    entry: &str,
+    cfg: LaunchConfig,
+    params: &P,
+    programmatic: bool,
+) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
     if cfg.shared_mem_bytes > 0 {
         kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
     }
-    let programmatic = kernels.programmatic_launch(module);
     let mut value = *params;
     // SAFETY: `P` mirrors the kernel's parameter struct field for field (see each op's module),
     // every address in it comes from a view the launcher checked against the kernel's shapes,

@@ -281,6 +281,12 @@ pub struct MoeReference {
     pub topk_ids: Vec<i32>,
     pub topk_weights: Vec<bf16>,
     pub out: Vec<bf16>,
+    /// Per output element, the largest magnitude its chain of bf16 roundings passed through (each
+    /// weighted expert output, each partial sum, the shared expert's term, the result). A rounding
+    /// that lands the other way at one step (another fp32 summation order) moves the result by an
+    /// ulp of that step's value, which under cancellation is many ulps of the result: compare at
+    /// this scale (`[tokens, hidden]`).
+    pub out_chain: Vec<f32>,
 }
 
 fn round(x: f64) -> f64 {
@@ -359,6 +365,7 @@ pub fn moe_reference_from_logits(
     let mut topk_ids = Vec::with_capacity(tokens * kk);
     let mut topk_weights = Vec::with_capacity(tokens * kk);
     let mut out = Vec::with_capacity(tokens * h);
+    let mut out_chain = Vec::with_capacity(tokens * h);
     for t in 0..tokens {
         let xt = &x[t * h..(t + 1) * h];
         let row = &logits[t * (e + 1)..(t + 1) * (e + 1)];
@@ -371,6 +378,7 @@ pub fn moe_reference_from_logits(
             .collect();
         by_expert.sort_by_key(|&(j, _)| j);
         let mut acc = vec![0.0f64; h];
+        let mut chain = vec![0.0f64; h];
         for (j, weight) in by_expert {
             let y = expert(
                 xt,
@@ -379,18 +387,21 @@ pub fn moe_reference_from_logits(
                 h,
                 i,
             );
-            for (a, v) in acc.iter_mut().zip(y) {
-                *a = round(*a + round(v * f64::from(weight.to_f32())));
+            for ((a, c), v) in acc.iter_mut().zip(&mut chain).zip(y) {
+                let term = round(v * f64::from(weight.to_f32()));
+                *a = round(*a + term);
+                *c = c.max(term.abs()).max(a.abs());
             }
         }
         let shared = expert(xt, &w.shared_gate_up, &w.shared_down, h, i);
         let g = f64::from(row[e].to_f32());
         let gate = round(1.0 / (1.0 + (-g).exp()));
-        out.extend(
-            acc.iter()
-                .zip(shared)
-                .map(|(a, s)| bf16::from_f64(a + round(s * gate))),
-        );
+        for ((a, c), s) in acc.iter().zip(&chain).zip(shared) {
+            let term = round(s * gate);
+            let o = bf16::from_f64(a + term);
+            out.push(o);
+            out_chain.push(c.max(term.abs()).max(f64::from(o.to_f32().abs())) as f32);
+        }
         topk_ids.extend(chosen.iter().map(|&j| j as i32));
         topk_weights.extend(weights);
     }
@@ -399,6 +410,7 @@ pub fn moe_reference_from_logits(
         topk_ids,
         topk_weights,
         out,
+        out_chain,
     }
 }
 
@@ -477,6 +489,22 @@ mod tests {
                 .sum();
             assert!((sum - 1.0).abs() < 0.02, "token {t}: weights sum to {sum}");
         }
+        // The rounding chain's scale covers the result, and is reached by some step.
+        assert_eq!(r.out_chain.len(), r.out.len());
+        for (c, o) in r.out_chain.iter().zip(&r.out) {
+            assert!(
+                *c >= o.to_f32().abs() && c.is_finite(),
+                "chain {c} below |out| {o}"
+            );
+        }
+        assert!(
+            r.out_chain
+                .iter()
+                .zip(&r.out)
+                .any(|(c, o)| *c > o.to_f32().abs()),
+            "no partial sum above its result in {} outputs",
+            r.out.len()
+        );
     }
 
     #[test]

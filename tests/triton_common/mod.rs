@@ -174,6 +174,27 @@ pub fn bf16_error(got: &[bf16], want: &[bf16]) -> (f64, f64) {
     (max / scale, near as f64 / got.len() as f64)
 }
 
+/// The share of elements of a bf16 result within 2 ulps of its reference, an ulp taken at
+/// `chain[i]`, the largest magnitude element i's chain of bf16 roundings passed through (e.g.
+/// `MoeReference::out_chain`): a rounding that lands the other way in one step moves the result by
+/// an ulp of that step, not of the result.
+pub fn bf16_chain_near(got: &[bf16], want: &[bf16], chain: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got.len(), chain.len());
+    let ulp = |v: f32| -> f32 {
+        let b = bf16::from_f32(v.abs().max(f32::MIN_POSITIVE));
+        f32::from_bits((b.to_f32().to_bits() & 0x7f80_0000).saturating_sub(7 << 23))
+            .max(f32::MIN_POSITIVE)
+    };
+    let near = got
+        .iter()
+        .zip(want)
+        .zip(chain)
+        .filter(|((g, w), c)| (g.to_f32() - w.to_f32()).abs() <= 2.0 * ulp(c.max(w.to_f32().abs())))
+        .count();
+    near as f64 / got.len().max(1) as f64
+}
+
 /// How far an fp32 result is from its reference: max |difference| relative to the largest
 /// reference value, and the share of elements within `F32_NEAR_REL` of it.
 pub fn f32_error(got: &[f32], want: &[f32]) -> (f64, f64) {

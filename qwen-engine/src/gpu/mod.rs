@@ -34,7 +34,9 @@ use aot_kernels::ops::attention::{
     MAX_SPLITS,
 };
 use aot_kernels::ops::embedding::embedding;
-use aot_kernels::ops::gemv::{gemv, residual_groups, GemvInput, GemvOutput, MAX_TOKENS};
+use aot_kernels::ops::gemv::{
+    gemv, gemv_with, residual_groups, GemvInput, GemvOptions, GemvOutput, MAX_TOKENS,
+};
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::sampling::{
     sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
@@ -404,8 +406,13 @@ impl GpuRunner {
             m,
         )?;
         let mut ssq_groups = 1;
+        // qkv and o_proj stage their first weights while the kernel before them (down or the
+        // embedding; attention) still runs, where the GPU and image allow it (GemvOptions).
+        let overlap = GemvOptions {
+            overlap_previous: true,
+        };
         for (l, lw) in self.w.layers.iter().enumerate() {
-            gemv(
+            gemv_with(
                 k,
                 dev(k, &lw.qkv),
                 c.qkv_dim(),
@@ -424,6 +431,7 @@ impl GpuRunner {
                     out: dev_mut(k, &mut b.qkv),
                     ld_out: c.qkv_dim(),
                 },
+                overlap,
             )?;
             attention_decode(
                 k,
@@ -456,7 +464,7 @@ impl GpuRunner {
                     counters: dev_mut(k, &mut b.attn_counters),
                 },
             )?;
-            gemv(
+            gemv_with(
                 k,
                 dev(k, &lw.o),
                 h,
@@ -471,6 +479,7 @@ impl GpuRunner {
                     ld_h: h,
                     ssq_out: dev_mut(k, &mut b.ssq),
                 },
+                overlap,
             )?;
             ssq_groups = residual_groups(h);
             gemv(
