@@ -41,10 +41,14 @@ void launch_gemv(const GemvArgs& a, int sm_count, cudaStream_t s) {
     int blocks;
     shape(p.n, sm_count, &narrow, &blocks);
     const bool norm = a.norm_w != nullptr;
-    const size_t smem = norm ? static_cast<size_t>(a.m) * (a.k + kXPad) * 2 : 0;
+    // Mirrors gemv_entry() in src/ops/gemv.rs: an overlapped narrow launch takes the staged entry.
+    const bool staged = g_stage && narrow;
+    const size_t stage = static_cast<size_t>(kWarps) * (norm ? kStageNorm : kStagePlain) * 2 * 32 * 16;
+    const size_t smem = (norm ? static_cast<size_t>(a.m) * (a.k + kXPad) * 2 : 0) + (staged ? stage : 0);
     // Mirrors norm_all_rows() in src/ops/gemv.rs (the threshold a flag, for A/B).
     const bool all_rows = a.m >= g_norm_all_rows_min;
-    void (*kernel)(GemvParams) = norm ? (narrow ? gemv_narrow_norm_bf16 : all_rows ? gemv_norm_rows_bf16 : gemv_norm_bf16)
+    void (*kernel)(GemvParams) = staged ? (norm ? gemv_narrow_norm_staged_bf16 : gemv_narrow_staged_bf16)
+                               : norm ? (narrow ? gemv_narrow_norm_bf16 : all_rows ? gemv_norm_rows_bf16 : gemv_norm_bf16)
                                       : (narrow ? gemv_narrow_bf16 : gemv_bf16);
     launch(kernel, dim3(blocks), dim3(kThreads), smem, s, p);
 }

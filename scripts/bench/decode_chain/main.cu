@@ -5,9 +5,15 @@
 // build.sh compiles it against any source tree (see README.md here).
 //
 //   decode-chain [--m 1] [--ctx 80] [--layers 36] [--reps 200] [--exact-splits] [--pdl]
+//                [--pdl-ops OPS] [--stage-ops OPS] [--no-overlap]
 //                [--pipeline auto|on|off] [--norm-all-rows-min N]
 //
-// --pdl launches the GEMV and attention kernels with programmatic dependent launch. --pipeline
+// By default qkv and o_proj take the staged GEMV entries and launch with programmatic dependent
+// launch, as the engine does under AOT_KERNELS_PDL=auto; --no-overlap launches every kernel plainly
+// (AOT_KERNELS_PDL=off). --pdl-ops and --stage-ops name the ops (q qkv, a attention, o o_proj,
+// g gate_up, d down, l lm_head) launched programmatically and staged (staging needs the narrow
+// layout: q, o, d); --pdl launches every kernel programmatically (AOT_KERNELS_PDL=all). Only an
+// sm_90+ build holds griddepcontrol.wait: a compute_80 build must run with --no-overlap. --pipeline
 // picks the decode attention entries: `auto` as the engine does (attn_pipelined), or forced.
 // --norm-all-rows-min sets the rows from which the wide norm GEMVs take the all-rows prologue
 // (default 4, as the engine; 9 never, 1 always).
@@ -73,6 +79,15 @@ struct Layer {
 };
 
 bool g_pdl = false;
+// As the engine under AOT_KERNELS_PDL=auto: qkv and o_proj staged and launched programmatically.
+static std::string g_pdl_ops = "qo";  // --pdl-ops: the ops launched with PDL (q a o g d l), all with --pdl
+static bool g_pdl_all = false;
+bool g_stage = false;
+static std::string g_stage_ops = "qo";  // --stage-ops: the GEMVs that stage their first weights (q o g d l)
+static void pdl_for(char c) {
+    g_pdl = g_pdl_all || g_pdl_ops.find(c) != std::string::npos;
+    g_stage = g_stage_ops.find(c) != std::string::npos;
+}
 int g_norm_all_rows_min = 4;
 
 int main(int argc, char** argv) {
@@ -88,7 +103,10 @@ int main(int argc, char** argv) {
         else if (a == "--layers") layers = next();
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
-        else if (a == "--pdl") g_pdl = true;
+        else if (a == "--pdl") g_pdl = g_pdl_all = true;
+        else if (a == "--pdl-ops" && i + 1 < argc) { g_pdl_ops = argv[++i]; g_pdl = true; }
+        else if (a == "--stage-ops" && i + 1 < argc) g_stage_ops = argv[++i];
+        else if (a == "--no-overlap") g_pdl_ops = g_stage_ops = "";  // as AOT_KERNELS_PDL=off
         else if (a == "--norm-all-rows-min" && i + 1 < argc) g_norm_all_rows_min = next();
         else if (a == "--pipeline" && i + 1 < argc) {
             const std::string v = argv[++i];
@@ -168,26 +186,32 @@ int main(int argc, char** argv) {
     // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
     const int pipelined = pipeline >= 0 ? pipeline : hd <= 128 && kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
     auto op_qkv = [&](int l, int groups, cudaStream_t s) {
+        pdl_for('q');
         launch_gemv({L[l].qkv, h, ssq, L[l].in_norm, qkv, nullptr, nullptr, qkv_dim, hidden, m, hidden, qkv_dim, 0,
                      groups, eps, 0, 0}, sm, s);
     };
     auto op_attn = [&](int l, cudaStream_t s) {
+        pdl_for('a');
         launch_attn({qkv, L[l].q_norm, L[l].k_norm, cos_sin, L[l].k_cache, L[l].v_cache, d_table, d_slots, d_pos, attn,
                      ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, pipelined, eps}, s);
     };
     auto op_o = [&](int l, cudaStream_t s) {
+        pdl_for('o');
         launch_gemv({L[l].o, attn, nullptr, nullptr, nullptr, h, ssq, hidden, q_dim, m, q_dim, 0, hidden, 0, eps, 2, 0},
                     sm, s);
     };
     auto op_gate_up = [&](int l, cudaStream_t s) {
+        pdl_for('g');
         launch_gemv({L[l].gate_up, h, ssq, L[l].post_norm, act, nullptr, nullptr, 2 * inter, hidden, m, hidden, inter, 0,
                      ssq_groups, eps, 3, inter}, sm, s);
     };
     auto op_down = [&](int l, cudaStream_t s) {
+        pdl_for('d');
         launch_gemv({L[l].down, act, nullptr, nullptr, nullptr, h, ssq, hidden, inter, m, inter, 0, hidden, 0, eps, 2, 0},
                     sm, s);
     };
     auto op_lm = [&](cudaStream_t s) {
+        pdl_for('l');
         launch_gemv({lm_head, h, ssq, final_norm, logits, nullptr, nullptr, vocab, hidden, m, hidden, vocab, 0,
                      ssq_groups, eps, 1, 0}, sm, s);
     };
@@ -268,8 +292,9 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(bits.data() + (size_t)m * vocab * 4, h, (size_t)m * hidden * 2, cudaMemcpyDeviceToHost));
     uint64_t fnv = 1469598103934665603ull;
     for (char c : bits) fnv = (fnv ^ (uint8_t)c) * 1099511628211ull;
-    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d pdl %d\n", sm,
-           bw / 1e12, m, ctx, layers, grid_splits, pipelined, g_pdl ? 1 : 0);
+    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d pdl %s stage %s\n",
+           sm, bw / 1e12, m, ctx, layers, grid_splits, pipelined, g_pdl_all ? "all" : g_pdl_ops.c_str(),
+           g_stage_ops.c_str());
     printf("step  median %8.1f us  p90 %8.1f us  limit %8.1f us  share %5.1f%%  %7.1f tok/s\n", med, p90, limit_us,
            100.0 * limit_us / med, m * 1e6 / med);
     printf("digest %016llx (logits and h after one step from the fixed start)\n", (unsigned long long)fnv);

@@ -24,6 +24,8 @@ extern int g_norm_all_rows_min;
 
 // Launches with programmatic stream serialisation (programmatic dependent launch) when on.
 extern bool g_pdl;
+// Whether the next GEMV launch stages its first weights (--stage-ops).
+extern bool g_stage;
 template <typename P>
 inline cudaError_t launch(void (*kernel)(P), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const P& p) {
     if (smem > 0) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
