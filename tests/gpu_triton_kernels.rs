@@ -26,6 +26,10 @@ use triton_common::*;
 
 const ORACLE: &str = include_str!("../scripts/triton_oracle.py");
 const SLOTS: usize = 12;
+/// The MoE output's shares within 2 ulps at the scale of each element's bf16 rounding chain and
+/// at the result's own (see `MoeReference::out_chain`).
+const MOE_CHAIN_NEAR_SHARE: f64 = 0.99;
+const MOE_RESULT_NEAR_SHARE: f64 = 0.95;
 
 fn check_bf16(what: &str, got: &[bf16], want: &[bf16]) {
     let (rel, near) = bf16_error(got, want);
@@ -340,6 +344,12 @@ fn gpu_triton_kernels_match_cpu_references_and_transformers() {
                 "{what}: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp, {chain_near:.4} within 2 ulp of its chain"
             );
             check_bf16_error(&what, &got, rel, chain_near);
+            // Tighter than the shared bound at the chain's scale (every case on the H200 had all
+            // elements there), and a looser one at the result's own (0.9746 at worst, above).
+            assert!(
+                chain_near >= MOE_CHAIN_NEAR_SHARE && near >= MOE_RESULT_NEAR_SHARE,
+                "{what}: {chain_near} within 2 ulps of its chain (need {MOE_CHAIN_NEAR_SHARE}), {near} of the result (need {MOE_RESULT_NEAR_SHARE})"
+            );
             // End to end against the reference's own logits, on the largest error only: a logit
             // error that the logits' check lets through (the shared gate's column is 1 value in
             // 257 of it) cannot move the output far unnoticed, on either path.

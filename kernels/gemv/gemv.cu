@@ -54,7 +54,7 @@ constexpr int kUnroll = 8;
 constexpr int kXPad = 32;  // shared-memory row padding (elements): spreads rows over the banks
 
 constexpr int kStagePlain = 8;  // chunks staged per lane: all of the first batch
-constexpr int kStageNorm = 6;   // less beside the norm kernels' x (two blocks an SM at eight rows)
+constexpr int kStageNorm = 6;   // less beside the norm kernels' x (the host stages only where two blocks fit an SM)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -226,8 +226,10 @@ __device__ __forceinline__ void stream_chunks(const GemvParams& p, const __nv_bf
     for (; c0 < c_end; c0 += kUnroll) chunk_batch<kNormX, 0>(p, wlo, whi, xrow, has_token, c0, c_end, acc, nullptr);
 }
 
-// A narrow block's first tile for this warp and its slice of K, as the loop in gemv_body takes
-// them: a pair's tile (four warps a tile) when the block has two, else its one tile (eight).
+// A narrow block's first tile for this warp and its slice of K, as the loop in gemv_body and
+// narrow_tile take them: a pair's tile (four warps a tile) when the block has two, else its one
+// tile (eight). It restates their arithmetic: change them together (tests/gpu_decode.rs compares
+// every staged launch with the plain one, pairs and odd tiles alike, bit for bit).
 __device__ __forceinline__ void narrow_first(const GemvParams& p, int& tile, int& c_begin, int& c_end) {
     const int warp = threadIdx.x >> 5;
     const int tiles = (p.n + kTileRows - 1) / kTileRows;

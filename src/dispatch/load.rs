@@ -56,7 +56,9 @@ pub struct LoadReport {
     pub ordinal: usize,
     pub device: DeviceSpec,
     pub policy: Policy,
-    /// Where programmatic dependent launch may be used (`AOT_KERNELS_PDL`).
+    /// The programmatic-launch mode asked for (`AOT_KERNELS_PDL`, or `with_pdl_mode`). It touches
+    /// only modules whose image is sm_90+ on a GPU of capability 9.0 or later; `ptx-only`'s
+    /// compute_80 PTX, for one, never launches programmatically whatever the mode.
     pub pdl: PdlMode,
     pub modules: Vec<ModuleReport>,
 }
@@ -143,11 +145,14 @@ pub struct LoadedKernels {
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
     sm_count: usize,
-    /// Modules whose every launch is programmatic (`AOT_KERNELS_PDL=all`).
+    /// Modules whose loaded image holds `griddepcontrol.wait` on a GPU that has it.
+    pdl_capable: std::collections::BTreeSet<String>,
+    /// Modules whose every launch is programmatic (`PdlMode::All`).
     pdl: std::collections::BTreeSet<String>,
-    /// Modules whose loaded image may overlap the kernel before it where a launcher asks for it
-    /// (sm_90+ image on a Hopper or later GPU, unless `AOT_KERNELS_PDL=off`).
+    /// Modules whose launches may overlap the kernel before them where a launcher asks for it
+    /// (`PdlMode::Auto` and `All`).
     overlap: std::collections::BTreeSet<String>,
+    smem_limits: SmemLimits,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
 }
@@ -222,6 +227,39 @@ impl LoadedKernels {
         self.overlap.contains(module)
     }
 
+    /// The same kernels under another programmatic-launch mode than `AOT_KERNELS_PDL` gave at load
+    /// (an engine's own setting, or a test's).
+    pub fn with_pdl_mode(mut self, mode: PdlMode) -> Self {
+        (self.pdl, self.overlap) = pdl_sets(mode, &self.pdl_capable);
+        self.report.pdl = mode;
+        self
+    }
+
+    /// The device's shared-memory limits, as read at load.
+    pub fn smem_limits(&self) -> SmemLimits {
+        self.smem_limits
+    }
+
+    /// Whether `blocks` blocks of `entry` (its static shared memory as loaded) with `dynamic`
+    /// bytes of dynamic shared memory each fit one SM together, and one fits the per-block limit.
+    /// False for an unknown entry.
+    pub fn blocks_fit_smem(
+        &self,
+        module: &str,
+        entry: &str,
+        dynamic: usize,
+        blocks: usize,
+    ) -> bool {
+        let static_bytes = self
+            .report
+            .modules
+            .iter()
+            .find(|m| m.module == module)
+            .and_then(|m| m.entries.iter().find(|e| e.entry == entry))
+            .map(|e| e.attributes.shared_bytes.max(0) as usize);
+        static_bytes.is_some_and(|s| self.smem_limits.fits(s, dynamic, blocks))
+    }
+
     /// Lets `entry` launch with `bytes` of dynamic shared memory: past 48 KiB (static included)
     /// the driver needs an explicit opt-in. Done once per function and size, so that launches
     /// inside a CUDA graph capture make no driver calls besides the launch.
@@ -281,6 +319,27 @@ impl LoadedKernels {
 /// Environment variable that sets where programmatic dependent launch is used ([`PdlMode`]).
 pub const PDL_ENV: &str = "AOT_KERNELS_PDL";
 
+/// A device's shared memory, as the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SmemLimits {
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`.
+    pub per_sm: usize,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: static plus dynamic, one block.
+    pub per_block: usize,
+    /// `CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK`: what the system takes per block.
+    pub reserved_per_block: usize,
+}
+
+impl SmemLimits {
+    /// Whether `blocks` blocks of `static_bytes + dynamic` bytes each fit one SM together, and one
+    /// fits the per-block limit. (H200: 233,472 a SM, 232,448 a block, 1,024 reserved; sm_120:
+    /// 102,400, 101,376, 1,024.)
+    pub fn fits(&self, static_bytes: usize, dynamic: usize, blocks: usize) -> bool {
+        let block = static_bytes + dynamic;
+        block <= self.per_block && blocks * (block + self.reserved_per_block) <= self.per_sm
+    }
+}
+
 /// Where kernels launch with programmatic dependent launch (Hopper and later, sm_90+ images only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -290,7 +349,8 @@ pub enum PdlMode {
     /// the step 1-2% shorter).
     #[default]
     Auto,
-    /// Every launch of every sm_90+ module (the kernels' hooks all live). Measured on the H200 it
+    /// Every launch of the modules whose kernels hold the hooks (the GEMVs and decode attention),
+    /// where their image is sm_90+. Measured on the H200 it
     /// slowed the decode step (283 -> 231 tok/s at concurrency 1, an earlier build; -5.5% again
     /// later): the next kernel's blocks land wherever the previous one's leave first, unevenly.
     All,
@@ -313,7 +373,10 @@ impl PdlMode {
     pub fn from_env() -> Result<PdlMode, ParsePdlModeError> {
         match std::env::var(PDL_ENV) {
             Ok(v) if !v.trim().is_empty() => v.trim().parse(),
-            _ => Ok(PdlMode::Auto),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(PdlMode::Auto),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(ParsePdlModeError(v.to_string_lossy().into_owned()))
+            }
         }
     }
 }
@@ -337,6 +400,22 @@ impl std::str::FromStr for PdlMode {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{0}` is not a programmatic-launch mode: set {PDL_ENV} to `auto` (the default), `all` (or `1`) or `off` (or `0`)")]
 pub struct ParsePdlModeError(pub String);
+
+/// The modules every launch of which is programmatic, and those whose launches may overlap where a
+/// launcher asks for it, under `mode`, of the `capable` ones.
+fn pdl_sets(
+    mode: PdlMode,
+    capable: &std::collections::BTreeSet<String>,
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    match mode {
+        PdlMode::Off => Default::default(),
+        PdlMode::Auto => (Default::default(), capable.clone()),
+        PdlMode::All => (capable.clone(), capable.clone()),
+    }
+}
 
 /// The modules whose loaded image holds `griddepcontrol.wait` (built for sm_90 or later) on a GPU
 /// that has it (capability 9.0 or later): the ones programmatic launch may touch at all.
@@ -437,15 +516,29 @@ pub fn load_modules(
         ordinal,
         failure: translate(e),
     })?;
-    let capable = pdl_capable(&device.spec, &report);
-    let (pdl, overlap) = match pdl_mode {
-        PdlMode::Off => (Default::default(), Default::default()),
-        PdlMode::Auto => (Default::default(), capable),
-        PdlMode::All => (capable.clone(), capable),
+    let pdl_capable = pdl_capable(&device.spec, &report);
+    let (pdl, overlap) = pdl_sets(pdl_mode, &pdl_capable);
+    let attribute = |a| {
+        device
+            .ctx
+            .attribute(a)
+            .map(|v| v.max(0) as usize)
+            .map_err(|e| DispatchError::Device {
+                ordinal,
+                failure: translate(e),
+            })
+    };
+    use cudarc::driver::sys::CUdevice_attribute as A;
+    let smem_limits = SmemLimits {
+        per_sm: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        per_block: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        reserved_per_block: attribute(A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
     };
     Ok(LoadedKernels {
+        pdl_capable,
         pdl,
         overlap,
+        smem_limits,
         ctx: device.ctx.clone(),
         stream,
         modules: loaded,
@@ -573,5 +666,31 @@ mod tests {
         assert!(err.to_string().contains("AOT_KERNELS_PDL"), "{err}");
         assert!(err.to_string().contains("`yes`"), "{err}");
         assert_eq!(PdlMode::default(), PdlMode::Auto);
+    }
+
+    #[test]
+    fn shared_memory_fits_per_block_and_per_sm() {
+        let h200 = SmemLimits {
+            per_sm: 233_472,
+            per_block: 232_448,
+            reserved_per_block: 1024,
+        };
+        let sm120 = SmemLimits {
+            per_sm: 102_400,
+            per_block: 101_376,
+            reserved_per_block: 1024,
+        };
+        // Two blocks of 8,224 static + 107,712 dynamic bytes: 2 x 116,960 = 233,920 > 233,472.
+        assert!(h200.fits(8224, 107_712 - 448, 2));
+        assert!(!h200.fits(8224, 107_712, 2));
+        assert!(h200.fits(8224, 107_712, 1));
+        assert!(
+            !h200.fits(8224, 232_448 - 8224 + 1, 1),
+            "past the per-block limit"
+        );
+        // On a 100 KiB SM two 64 KiB stages never fit, one block of 74,760 bytes does.
+        assert!(!sm120.fits(8224, 65_536, 2));
+        assert!(sm120.fits(8224, 65_536, 1));
+        assert!(!sm120.fits(8224, 101_376 - 8224 + 1, 1));
     }
 }

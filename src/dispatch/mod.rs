@@ -23,7 +23,7 @@ pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
     check_module, load_all, load_all_from_env, load_available, load_modules, LoadReport,
-    LoadedKernels, ModuleReport, ParsePdlModeError, PdlMode, PDL_ENV,
+    LoadedKernels, ModuleReport, ParsePdlModeError, PdlMode, SmemLimits, PDL_ENV,
 };
 pub use plan::{
     fast_path_unavailable, oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan,

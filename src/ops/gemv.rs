@@ -135,24 +135,38 @@ pub fn norm_all_rows(m: usize) -> bool {
     m >= NORM_ALL_ROWS_MIN
 }
 
-/// How a GEMV launch relates to the kernel before it.
+/// How a GEMV launch relates to the kernel before it (`GemvOptions::default()`: as any launch).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GemvOptions {
     /// Let the launch overlap the end of the kernel before it: a narrow layout then takes the
     /// staged entry, whose warps copy their first weights into shared memory while the previous
     /// kernel still runs, and launches with programmatic dependent launch. Only where
     /// [`LoadedKernels::overlap_launch`] allows it (an sm_90+ image on Hopper or later, and
-    /// `AOT_KERNELS_PDL` not `off`); otherwise, and for wide layouts, the launch is as without it.
-    /// Same bits either way.
+    /// `AOT_KERNELS_PDL` not `off`) and where two staged blocks fit an SM's shared memory
+    /// ([`LoadedKernels::blocks_fit_smem`]: on a 100 KiB SM never, on the H200 up to k = 3614 at
+    /// eight rows with the norm input); otherwise, and for wide layouts, the launch is as
+    /// without it. Same bits either way.
     ///
-    /// Contract: nothing still running on the stream writes `w` (weights are written before
-    /// decode starts). x, h and the sums of squares are read only after the wait.
+    /// Contract: no kernel enqueued earlier on the stream that may still be running writes `w`
+    /// (weights are written before decode starts; with programmatic launch that includes kernels
+    /// two or more launches back, since every GEMV lets the next start early). x, h and the sums
+    /// of squares are read only after the wait, so they may come from the kernel just before.
     ///
     /// Worth it where the kernel before leaves SMs free or ends unevenly: measured on the H200
     /// (decode-chain, `bench/gpu-runs/20261201T050000Z-…-staged-pdl/`) for qkv after down and
-    /// o_proj after attention, the step 1.1-2.0% shorter at one row, 0.2-1.1% at eight. Staging
+    /// o_proj after attention, the step 1.2-2.0% shorter at one row, 0.2-1.1% at eight. Staging
     /// without the overlap, and in gate_up and down, lost.
     pub overlap_previous: bool,
+}
+
+impl GemvOptions {
+    /// Options with [`Self::overlap_previous`] set to `overlap`.
+    pub fn overlap_previous(overlap: bool) -> Self {
+        GemvOptions {
+            overlap_previous: overlap,
+        }
+    }
 }
 
 /// The entry and dynamic shared memory of a launch: `norm` for the RMSNorm input, `shape` from
@@ -369,7 +383,12 @@ pub fn gemv_with(
         }
     }
     let shape = gemv_shape(p.n as usize, kernels.sm_count());
-    let staged = options.overlap_previous && shape.narrow && kernels.overlap_launch(MODULE);
+    // Staged only where two staged blocks still fit an SM (the layout assumes two); else the
+    // plain entry, which computes the same bits.
+    let staged = options.overlap_previous && shape.narrow && kernels.overlap_launch(MODULE) && {
+        let (entry, smem) = gemv_entry(norm, m, k, shape, true);
+        kernels.blocks_fit_smem(MODULE, entry, smem, BLOCKS_PER_SM)
+    };
     let (entry, smem) = gemv_entry(norm, m, k, shape, staged);
     let cfg = LaunchConfig {
         grid_dim: (to_i32(op, "blocks", shape.blocks)? as u32, 1, 1),
@@ -551,10 +570,43 @@ mod tests {
             assert_eq!(gemv_entry(true, m, 2560, wide, true), (rows, x));
             assert_eq!(gemv_entry(false, m, 2560, wide, true), (ENTRY_PLAIN, 0));
         }
-        // Two staged norm blocks fit an SM of 228 KiB at eight rows of Qwen3-4B (with the
-        // kernel's 8.2 KiB of static shared memory and 1 KiB reserved per block).
+        // With the kernel's 8,224 bytes of static shared memory: two staged norm blocks fit an
+        // H200 SM at eight rows of Qwen3-4B (k 2560), not of a k of 4096 (the launch then takes
+        // the plain entry); on a 100 KiB SM (sm_120) not even the plain o_proj's stage.
+        let h200 = crate::dispatch::SmemLimits {
+            per_sm: 233_472,
+            per_block: 232_448,
+            reserved_per_block: 1024,
+        };
+        let sm120 = crate::dispatch::SmemLimits {
+            per_sm: 102_400,
+            per_block: 101_376,
+            reserved_per_block: 1024,
+        };
         let (_, smem) = gemv_entry(true, MAX_TOKENS, 2560, narrow, true);
-        assert!(2 * (smem + 8224 + 1024) <= 228 * 1024, "{smem}");
+        assert!(h200.fits(8224, smem, BLOCKS_PER_SM), "{smem}");
+        let (_, smem) = gemv_entry(true, MAX_TOKENS, 4096, narrow, true);
+        assert!(!h200.fits(8224, smem, BLOCKS_PER_SM), "{smem}");
+        let (_, smem) = gemv_entry(false, MAX_TOKENS, 4096, narrow, true);
+        assert!(h200.fits(8224, smem, BLOCKS_PER_SM) && !sm120.fits(8224, smem, BLOCKS_PER_SM));
+    }
+
+    #[test]
+    fn stage_sizes_mirror_the_kernel() {
+        // The host sizes the stage from these; the kernel fills kStagePlain / kStageNorm chunks.
+        let src = include_str!("../../kernels/gemv/gemv.cu");
+        for (name, chunks) in [
+            ("kStagePlain", STAGE_CHUNKS_PLAIN),
+            ("kStageNorm", STAGE_CHUNKS_NORM),
+        ] {
+            let decl = format!("constexpr int {name} = {chunks};");
+            assert!(src.contains(&decl), "gemv.cu lacks `{decl}`");
+        }
+        assert!(
+            src.contains("constexpr int kWarps = kThreads / 32;")
+                && src.contains("constexpr int kThreads = 256;")
+        );
+        assert_eq!(WARPS, 8);
     }
 
     #[test]

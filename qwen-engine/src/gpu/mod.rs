@@ -408,9 +408,7 @@ impl GpuRunner {
         let mut ssq_groups = 1;
         // qkv and o_proj stage their first weights while the kernel before them (down or the
         // embedding; attention) still runs, where the GPU and image allow it (GemvOptions).
-        let overlap = GemvOptions {
-            overlap_previous: true,
-        };
+        let overlap = GemvOptions::overlap_previous(true);
         for (l, lw) in self.w.layers.iter().enumerate() {
             gemv_with(
                 k,

@@ -41,7 +41,8 @@ void launch_gemv(const GemvArgs& a, int sm_count, cudaStream_t s) {
     int blocks;
     shape(p.n, sm_count, &narrow, &blocks);
     const bool norm = a.norm_w != nullptr;
-    // Mirrors gemv_entry() in src/ops/gemv.rs: an overlapped narrow launch takes the staged entry.
+    // Mirrors gemv_entry() in src/ops/gemv.rs: an overlapped narrow launch takes the staged entry
+    // (gemv_with also asks that two staged blocks fit an SM, as Qwen3-4B's do on the H200).
     const bool staged = g_stage && narrow;
     const size_t stage = static_cast<size_t>(kWarps) * (norm ? kStageNorm : kStagePlain) * 2 * 32 * 16;
     const size_t smem = (norm ? static_cast<size_t>(a.m) * (a.k + kXPad) * 2 : 0) + (staged ? stage : 0);

@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
     int m = 1, ctx = 80, layers = 36, reps = 200;
     bool exact_splits = false;
     int pipeline = -1;  // -1 auto, 0 off, 1 on
+    bool no_overlap = false;  // as AOT_KERNELS_PDL=off, whatever --pdl-ops and --stage-ops say
     int hidden = 2560, q_heads = 32, kv_heads = 8, hd = 128, inter = 9728, vocab = 151936;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -104,9 +105,9 @@ int main(int argc, char** argv) {
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
         else if (a == "--pdl") g_pdl = g_pdl_all = true;
-        else if (a == "--pdl-ops" && i + 1 < argc) { g_pdl_ops = argv[++i]; g_pdl = true; }
+        else if (a == "--pdl-ops" && i + 1 < argc) g_pdl_ops = argv[++i];
         else if (a == "--stage-ops" && i + 1 < argc) g_stage_ops = argv[++i];
-        else if (a == "--no-overlap") g_pdl_ops = g_stage_ops = "";  // as AOT_KERNELS_PDL=off
+        else if (a == "--no-overlap") no_overlap = true;
         else if (a == "--norm-all-rows-min" && i + 1 < argc) g_norm_all_rows_min = next();
         else if (a == "--pipeline" && i + 1 < argc) {
             const std::string v = argv[++i];
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
         }
         else { fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
     }
+    if (no_overlap) g_pdl_ops = g_stage_ops = "";
     if (m < 1 || m > 8 || ctx < 0 || layers < 1 || reps < 1) {
         fprintf(stderr, "--m must be 1..8 (the kernels' most tokens), --ctx >= 0, --layers and --reps >= 1\n");
         return 2;
