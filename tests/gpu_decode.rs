@@ -10,7 +10,8 @@
 //! Bandwidth of the Qwen3-4B projections is printed (measured with CUDA events; never asserted).
 
 use aot_kernels::dispatch::{
-    load_available, open_device, LoadedKernels, ModuleSource, OpenDevice, PdlMode, Policy,
+    load_available, open_device, pdl_device, LoadedKernels, ModuleSource, OpenDevice, PdlMode,
+    Policy,
 };
 use aot_kernels::ops::attention::{
     attention_decode, attention_decode_reference, attn_pipelined, attn_scratch_needs, attn_splits,
@@ -356,7 +357,7 @@ fn gpu_overlapped_gemvs_read_what_the_kernel_before_wrote() {
         d.spec.capability.major,
         d.spec.capability.minor
     );
-    if d.spec.capability.major >= 9 && PdlMode::from_env().unwrap() != PdlMode::Off {
+    if pdl_device(&d.spec) && PdlMode::from_env().unwrap() != PdlMode::Off {
         assert!(
             staged,
             "an sm_90+ GPU under auto must take the staged entries here"
@@ -571,7 +572,7 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
     let capability = d.spec.capability;
     assert_eq!(
         sass.overlap_launch(MODULE),
-        capability.major >= 9 && PdlMode::from_env().unwrap() != PdlMode::Off,
+        pdl_device(&d.spec) && PdlMode::from_env().unwrap() != PdlMode::Off,
         "overlap on an sm_{}{} GPU",
         capability.major,
         capability.minor

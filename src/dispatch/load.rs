@@ -212,9 +212,10 @@ impl LoadedKernels {
         self.sm_count
     }
 
-    /// Whether kernels of `module` may be launched with programmatic dependent launch: the GPU is
-    /// Hopper or later and the loaded image was compiled for sm_90 or later (its code then holds
-    /// the `griddepcontrol.wait` the attribute requires; the compute_80 PTX does not).
+    /// Whether every launch of `module` is programmatic (`PdlMode::All`): the GPU is Hopper or
+    /// later with a driver of [`PDL_MIN_DRIVER`] or later, and the loaded image was compiled for
+    /// sm_90 or later (its code then holds the `griddepcontrol.wait` the attribute requires; the
+    /// compute_80 PTX does not).
     pub fn programmatic_launch(&self, module: &str) -> bool {
         self.pdl.contains(module)
     }
@@ -401,6 +402,11 @@ impl std::str::FromStr for PdlMode {
 #[error("`{0}` is not a programmatic-launch mode: set {PDL_ENV} to `auto` (the default), `all` (or `1`) or `off` (or `0`)")]
 pub struct ParsePdlModeError(pub String);
 
+/// Whether the GPU and driver can run programmatic launches as the engine uses them.
+pub fn pdl_device(device: &DeviceSpec) -> bool {
+    device.capability.major >= 9 && device.driver >= PDL_MIN_DRIVER
+}
+
 /// The modules every launch of which is programmatic, and those whose launches may overlap where a
 /// launcher asks for it, under `mode`, of the `capable` ones.
 fn pdl_sets(
@@ -417,10 +423,16 @@ fn pdl_sets(
     }
 }
 
+/// The oldest driver programmatic launch is used with: programmatic edges in CUDA graphs (the
+/// decode step is captured into graphs) came with CUDA 12.3; older drivers are left out rather
+/// than trusted (not measured on one).
+pub const PDL_MIN_DRIVER: Version = Version::new(12, 3);
+
 /// The modules whose loaded image holds `griddepcontrol.wait` (built for sm_90 or later) on a GPU
-/// that has it (capability 9.0 or later): the ones programmatic launch may touch at all.
+/// that has it (capability 9.0 or later) and a driver of [`PDL_MIN_DRIVER`] or later: the ones
+/// programmatic launch may touch at all.
 fn pdl_capable(device: &DeviceSpec, report: &LoadReport) -> std::collections::BTreeSet<String> {
-    if device.capability.major < 9 {
+    if !pdl_device(device) {
         return Default::default();
     }
     report
@@ -666,6 +678,21 @@ mod tests {
         assert!(err.to_string().contains("AOT_KERNELS_PDL"), "{err}");
         assert!(err.to_string().contains("`yes`"), "{err}");
         assert_eq!(PdlMode::default(), PdlMode::Auto);
+    }
+
+    #[test]
+    fn programmatic_launch_needs_hopper_and_a_12_3_driver() {
+        let spec = |cap: (u32, u32), driver: (u32, u32)| DeviceSpec {
+            capability: Version::new(cap.0, cap.1),
+            integrated: false,
+            driver: Version::new(driver.0, driver.1),
+        };
+        assert!(pdl_device(&spec((9, 0), (13, 0))));
+        assert!(pdl_device(&spec((11, 0), (13, 0))), "Thor");
+        assert!(pdl_device(&spec((9, 0), (12, 3))));
+        assert!(!pdl_device(&spec((9, 0), (12, 2))), "H100 on r535");
+        assert!(!pdl_device(&spec((8, 7), (12, 6))), "Orin");
+        assert!(!pdl_device(&spec((8, 9), (13, 0))));
     }
 
     #[test]

@@ -22,8 +22,9 @@ pub mod verify;
 pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
-    check_module, load_all, load_all_from_env, load_available, load_modules, LoadReport,
-    LoadedKernels, ModuleReport, ParsePdlModeError, PdlMode, SmemLimits, PDL_ENV,
+    check_module, load_all, load_all_from_env, load_available, load_modules, pdl_device,
+    LoadReport, LoadedKernels, ModuleReport, ParsePdlModeError, PdlMode, SmemLimits, PDL_ENV,
+    PDL_MIN_DRIVER,
 };
 pub use plan::{
     fast_path_unavailable, oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan,

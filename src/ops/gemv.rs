@@ -142,8 +142,8 @@ pub struct GemvOptions {
     /// Let the launch overlap the end of the kernel before it: a narrow layout then takes the
     /// staged entry, whose warps copy their first weights into shared memory while the previous
     /// kernel still runs, and launches with programmatic dependent launch. Only where
-    /// [`LoadedKernels::overlap_launch`] allows it (an sm_90+ image on Hopper or later, and
-    /// `AOT_KERNELS_PDL` not `off`) and where two staged blocks fit an SM's shared memory
+    /// [`LoadedKernels::overlap_launch`] allows it (an sm_90+ image on Hopper or later with a
+    /// 12.3+ driver, and `AOT_KERNELS_PDL` not `off`) and where two staged blocks fit an SM's shared memory
     /// ([`LoadedKernels::blocks_fit_smem`]: on a 100 KiB SM never, on the H200 up to k = 3614 at
     /// eight rows with the norm input); otherwise, and for wide layouts, the launch is as
     /// without it. Same bits either way.
