@@ -60,6 +60,10 @@ pub struct LoadReport {
     /// only modules whose image is sm_90+ on a GPU of capability 9.0 or later; `ptx-only`'s
     /// compute_80 PTX, for one, never launches programmatically whatever the mode.
     pub pdl: PdlMode,
+    /// The modules whose launches may be programmatic under `pdl` here (where a launcher asks
+    /// under `auto`, every launch under `all`): empty off Hopper, on an older driver, under
+    /// `off`, or for images without `griddepcontrol` (`ptx-only`'s compute_80 PTX).
+    pub pdl_modules: Vec<String>,
     pub modules: Vec<ModuleReport>,
 }
 
@@ -128,6 +132,17 @@ impl LoadReport {
             "total: load {} us, hash {} us (bin/ptx: CU_FUNC_ATTRIBUTE_BINARY_VERSION / PTX_VERSION)",
             self.total_load_us(),
             self.total_hash_us()
+        );
+        let _ = writeln!(
+            out,
+            "programmatic launch ({}={}): {}",
+            PDL_ENV,
+            self.pdl.as_str(),
+            if self.pdl_modules.is_empty() {
+                "none here".to_string()
+            } else {
+                self.pdl_modules.join(", ")
+            }
         );
         out
     }
@@ -233,6 +248,7 @@ impl LoadedKernels {
     pub fn with_pdl_mode(mut self, mode: PdlMode) -> Self {
         (self.pdl, self.overlap) = pdl_sets(mode, &self.pdl_capable);
         self.report.pdl = mode;
+        self.report.pdl_modules = self.overlap.iter().cloned().collect();
         self
     }
 
@@ -520,6 +536,7 @@ pub fn load_modules(
         device: device.spec,
         policy,
         pdl: pdl_mode,
+        pdl_modules: Vec::new(),
         modules: reports,
     };
     // A stream of our own rather than the legacy default stream: CUDA graphs cannot be captured
@@ -530,6 +547,8 @@ pub fn load_modules(
     })?;
     let pdl_capable = pdl_capable(&device.spec, &report);
     let (pdl, overlap) = pdl_sets(pdl_mode, &pdl_capable);
+    let mut report = report;
+    report.pdl_modules = overlap.iter().cloned().collect();
     let attribute = |a| {
         device
             .ctx
@@ -693,6 +712,33 @@ mod tests {
         assert!(!pdl_device(&spec((9, 0), (12, 2))), "H100 on r535");
         assert!(!pdl_device(&spec((8, 7), (12, 6))), "Orin");
         assert!(!pdl_device(&spec((8, 9), (13, 0))));
+    }
+
+    #[test]
+    fn the_load_table_says_where_launches_may_be_programmatic() {
+        let report = |pdl, modules: &[&str]| LoadReport {
+            device_name: "test".into(),
+            ordinal: 0,
+            device: DeviceSpec {
+                capability: Version::new(9, 0),
+                integrated: false,
+                driver: Version::new(13, 0),
+            },
+            policy: Policy::Auto,
+            pdl,
+            pdl_modules: modules.iter().map(|m| m.to_string()).collect(),
+            modules: Vec::new(),
+        };
+        let t = report(PdlMode::Auto, &["attention", "gemv"]).to_table();
+        assert!(
+            t.contains("programmatic launch (AOT_KERNELS_PDL=auto): attention, gemv"),
+            "{t}"
+        );
+        let t = report(PdlMode::Off, &[]).to_table();
+        assert!(
+            t.contains("programmatic launch (AOT_KERNELS_PDL=off): none here"),
+            "{t}"
+        );
     }
 
     #[test]
