@@ -20,7 +20,7 @@ use aot_kernels::ops::attention::{
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
-    gemv, gemv_entry, gemv_reference, gemv_shape, gemv_with, norm_input_reference,
+    gemv, gemv_launch, gemv_reference, gemv_shape, gemv_with, norm_input_reference,
     norm_input_with_scales, residual_groups, residual_reference, silu_mul_reference, GemvInput,
     GemvOptions, GemvOutput, MAX_TOKENS, MODULE, TILE_ROWS,
 };
@@ -322,9 +322,7 @@ fn bf16s(v: &[u32]) -> Vec<bf16> {
 
 /// Whether an overlapped launch of this shape takes a staged entry here (as `gemv_with` decides).
 fn takes_staged(k: &LoadedKernels, n: usize, kk: usize, m: usize, norm: bool) -> bool {
-    let shape = gemv_shape(n, k.sm_count());
-    let (entry, smem) = gemv_entry(norm, m, kk, shape, true);
-    shape.narrow && k.overlap_launch(MODULE) && k.blocks_fit_smem(MODULE, entry, smem, 2)
+    gemv_launch(k, n, kk, m, norm, GemvOptions::overlap_previous(true)).staged
 }
 
 /// A chain as the decode step runs it, each launch reading what the one before wrote: a plain

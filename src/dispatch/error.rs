@@ -95,7 +95,7 @@ pub enum DispatchError {
     #[error(transparent)]
     ToolchainChoice(#[from] ParseToolchainChoiceError),
     #[error(transparent)]
-    PdlMode(#[from] super::load::ParsePdlModeError),
+    PdlMode(#[from] super::policy::ParsePdlModeError),
     #[error(transparent)]
     Tampered(#[from] HashMismatch),
     #[error("module {module}, image {target}: the recorded PTX .version {recorded} differs from the image's own `.version {found}`; refusing to load. Rebuild the crate")]

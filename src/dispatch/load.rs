@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::driver::{self, function_attributes, FunctionAttributes, OpenDevice};
 use super::error::{translate, DispatchError};
 use super::plan::select_for_module;
-use super::policy::{Policy, ToolchainChoice};
+use super::policy::{PdlMode, Policy, ToolchainChoice, PDL_ENV};
 use super::select::{DeviceSpec, Reason, Selection, Version};
 use super::source::{parse_ptx_version, ImageBytes, ModuleSource};
 use super::verify::{verify_image, verify_static_image, HashCheck};
@@ -160,13 +160,9 @@ pub struct LoadedKernels {
     modules: BTreeMap<String, LoadedModule>,
     report: LoadReport,
     sm_count: usize,
-    /// Modules whose loaded image holds `griddepcontrol.wait` on a GPU that has it.
+    /// Modules whose loaded image holds `griddepcontrol.wait` on a GPU that has it; the mode
+    /// (`report.pdl`) says which of their launches are programmatic.
     pdl_capable: std::collections::BTreeSet<String>,
-    /// Modules whose every launch is programmatic (`PdlMode::All`).
-    pdl: std::collections::BTreeSet<String>,
-    /// Modules whose launches may overlap the kernel before them where a launcher asks for it
-    /// (`PdlMode::Auto` and `All`).
-    overlap: std::collections::BTreeSet<String>,
     smem_limits: SmemLimits,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
@@ -232,7 +228,7 @@ impl LoadedKernels {
     /// sm_90 or later (its code then holds the `griddepcontrol.wait` the attribute requires; the
     /// compute_80 PTX does not).
     pub fn programmatic_launch(&self, module: &str) -> bool {
-        self.pdl.contains(module)
+        self.report.pdl == PdlMode::All && self.pdl_capable.contains(module)
     }
 
     /// Whether a launcher may launch kernels of `module` programmatically where it asks for it
@@ -240,15 +236,14 @@ impl LoadedKernels {
     /// [`crate::ops::gemv::gemv_with`] with `overlap_previous`): the same image condition as
     /// [`Self::programmatic_launch`], under the default `AOT_KERNELS_PDL=auto` or `all`.
     pub fn overlap_launch(&self, module: &str) -> bool {
-        self.overlap.contains(module)
+        self.report.pdl != PdlMode::Off && self.pdl_capable.contains(module)
     }
 
     /// The same kernels under another programmatic-launch mode than `AOT_KERNELS_PDL` gave at load
     /// (an engine's own setting, or a test's).
     pub fn with_pdl_mode(mut self, mode: PdlMode) -> Self {
-        (self.pdl, self.overlap) = pdl_sets(mode, &self.pdl_capable);
         self.report.pdl = mode;
-        self.report.pdl_modules = self.overlap.iter().cloned().collect();
+        self.report.pdl_modules = pdl_modules(mode, &self.pdl_capable);
         self
     }
 
@@ -333,9 +328,6 @@ impl LoadedKernels {
     }
 }
 
-/// Environment variable that sets where programmatic dependent launch is used ([`PdlMode`]).
-pub const PDL_ENV: &str = "AOT_KERNELS_PDL";
-
 /// A device's shared memory, as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SmemLimits {
@@ -357,85 +349,16 @@ impl SmemLimits {
     }
 }
 
-/// Where kernels launch with programmatic dependent launch (Hopper and later, sm_90+ images only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PdlMode {
-    /// Only the launches that ask for it and have work to do before their wait: the decode step's
-    /// qkv and o_proj GEMVs, which stage their first weights meanwhile (on the H200, decode-chain:
-    /// the step 1-2% shorter).
-    #[default]
-    Auto,
-    /// Every launch of the modules whose kernels hold the hooks (the GEMVs and decode attention),
-    /// where their image is sm_90+. Measured on the H200 it
-    /// slowed the decode step (283 -> 231 tok/s at concurrency 1, an earlier build; -5.5% again
-    /// later): the next kernel's blocks land wherever the previous one's leave first, unevenly.
-    All,
-    /// None: every kernel waits for the one before it to end.
-    Off,
-}
-
-impl PdlMode {
-    pub const ALL: [PdlMode; 3] = [PdlMode::Auto, PdlMode::All, PdlMode::Off];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PdlMode::Auto => "auto",
-            PdlMode::All => "all",
-            PdlMode::Off => "off",
-        }
-    }
-
-    /// `AOT_KERNELS_PDL`: `auto` (default, also when unset or empty), `all` (or `1`), `off` (or `0`).
-    pub fn from_env() -> Result<PdlMode, ParsePdlModeError> {
-        match std::env::var(PDL_ENV) {
-            Ok(v) if !v.trim().is_empty() => v.trim().parse(),
-            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(PdlMode::Auto),
-            Err(std::env::VarError::NotUnicode(v)) => {
-                Err(ParsePdlModeError(v.to_string_lossy().into_owned()))
-            }
-        }
-    }
-}
-
-impl std::str::FromStr for PdlMode {
-    type Err = ParsePdlModeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "1" => return Ok(PdlMode::All),
-            "0" => return Ok(PdlMode::Off),
-            _ => {}
-        }
-        PdlMode::ALL
-            .into_iter()
-            .find(|m| m.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| ParsePdlModeError(s.to_string()))
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a programmatic-launch mode: set {PDL_ENV} to `auto` (the default), `all` (or `1`) or `off` (or `0`)")]
-pub struct ParsePdlModeError(pub String);
-
 /// Whether the GPU and driver can run programmatic launches as the engine uses them.
 pub fn pdl_device(device: &DeviceSpec) -> bool {
     device.capability.major >= 9 && device.driver >= PDL_MIN_DRIVER
 }
 
-/// The modules every launch of which is programmatic, and those whose launches may overlap where a
-/// launcher asks for it, under `mode`, of the `capable` ones.
-fn pdl_sets(
-    mode: PdlMode,
-    capable: &std::collections::BTreeSet<String>,
-) -> (
-    std::collections::BTreeSet<String>,
-    std::collections::BTreeSet<String>,
-) {
+/// `LoadReport::pdl_modules` under `mode`: the `capable` modules unless it is `off`.
+fn pdl_modules(mode: PdlMode, capable: &std::collections::BTreeSet<String>) -> Vec<String> {
     match mode {
-        PdlMode::Off => Default::default(),
-        PdlMode::Auto => (Default::default(), capable.clone()),
-        PdlMode::All => (capable.clone(), capable.clone()),
+        PdlMode::Off => Vec::new(),
+        PdlMode::Auto | PdlMode::All => capable.iter().cloned().collect(),
     }
 }
 
@@ -447,12 +370,14 @@ pub const PDL_MIN_DRIVER: Version = Version::new(12, 3);
 /// The modules whose loaded image holds `griddepcontrol.wait` (built for sm_90 or later) on a GPU
 /// that has it (capability 9.0 or later) and a driver of [`PDL_MIN_DRIVER`] or later: the ones
 /// programmatic launch may touch at all.
-fn pdl_capable(device: &DeviceSpec, report: &LoadReport) -> std::collections::BTreeSet<String> {
+fn pdl_capable(
+    device: &DeviceSpec,
+    modules: &[ModuleReport],
+) -> std::collections::BTreeSet<String> {
     if !pdl_device(device) {
         return Default::default();
     }
-    report
-        .modules
+    modules
         .iter()
         .filter(|m| m.target.sm >= 90)
         .map(|m| m.module.clone())
@@ -530,13 +455,14 @@ pub fn load_modules(
         loaded.insert(m.name.clone(), lm);
         reports.push(report);
     }
+    let pdl_capable = pdl_capable(&device.spec, &reports);
     let report = LoadReport {
         device_name: device.name.clone(),
         ordinal,
         device: device.spec,
         policy,
         pdl: pdl_mode,
-        pdl_modules: Vec::new(),
+        pdl_modules: pdl_modules(pdl_mode, &pdl_capable),
         modules: reports,
     };
     // A stream of our own rather than the legacy default stream: CUDA graphs cannot be captured
@@ -545,10 +471,6 @@ pub fn load_modules(
         ordinal,
         failure: translate(e),
     })?;
-    let pdl_capable = pdl_capable(&device.spec, &report);
-    let (pdl, overlap) = pdl_sets(pdl_mode, &pdl_capable);
-    let mut report = report;
-    report.pdl_modules = overlap.iter().cloned().collect();
     let attribute = |a| {
         device
             .ctx
@@ -567,8 +489,6 @@ pub fn load_modules(
     };
     Ok(LoadedKernels {
         pdl_capable,
-        pdl,
-        overlap,
         smem_limits,
         ctx: device.ctx.clone(),
         stream,
@@ -685,19 +605,6 @@ fn load_module(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pdl_modes_parse_by_name_and_by_the_old_switch() {
-        assert_eq!("auto".parse(), Ok(PdlMode::Auto));
-        assert_eq!("ALL".parse(), Ok(PdlMode::All));
-        assert_eq!("1".parse(), Ok(PdlMode::All));
-        assert_eq!("off".parse(), Ok(PdlMode::Off));
-        assert_eq!("0".parse(), Ok(PdlMode::Off));
-        let err = "yes".parse::<PdlMode>().unwrap_err();
-        assert!(err.to_string().contains("AOT_KERNELS_PDL"), "{err}");
-        assert!(err.to_string().contains("`yes`"), "{err}");
-        assert_eq!(PdlMode::default(), PdlMode::Auto);
-    }
 
     #[test]
     fn programmatic_launch_needs_hopper_and_a_12_3_driver() {

@@ -23,13 +23,14 @@ pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
     check_module, load_all, load_all_from_env, load_available, load_modules, pdl_device,
-    LoadReport, LoadedKernels, ModuleReport, ParsePdlModeError, PdlMode, SmemLimits, PDL_ENV,
-    PDL_MIN_DRIVER,
+    LoadReport, LoadedKernels, ModuleReport, SmemLimits, PDL_MIN_DRIVER,
 };
 pub use plan::{
     fast_path_unavailable, oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan,
 };
-pub use policy::{Policy, ToolchainChoice, POLICY_ENV, TOOLCHAIN_ENV};
+pub use policy::{
+    ParsePdlModeError, PdlMode, Policy, ToolchainChoice, PDL_ENV, POLICY_ENV, TOOLCHAIN_ENV,
+};
 pub use select::{
     min_driver_for_image, select_image, DeviceSpec, ImageCandidate, NoImageError, Reason,
     Selection, Version,

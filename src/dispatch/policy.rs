@@ -1,5 +1,6 @@
 //! How much freedom the dispatcher has: SASS first with PTX fallback, SASS only, or PTX only;
-//! and which toolchains' images it may use (every one, newest first; or one CUDA major only).
+//! which toolchains' images it may use (every one, newest first; or one CUDA major only); and
+//! where launches may be programmatic (auto, all, off).
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,6 +13,9 @@ pub const POLICY_ENV: &str = "AOT_KERNELS_POLICY";
 /// Environment variable that limits the images to one CUDA major (`cuda12`, `cuda13`) when the
 /// caller does not choose; `newest` (the default) lets selection take the newest the driver accepts.
 pub const TOOLCHAIN_ENV: &str = "AOT_KERNELS_TOOLCHAIN";
+
+/// Environment variable that sets where programmatic dependent launch is used ([`PdlMode`]).
+pub const PDL_ENV: &str = "AOT_KERNELS_PDL";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -130,9 +134,83 @@ impl FromStr for ToolchainChoice {
     }
 }
 
+/// Where kernels launch with programmatic dependent launch (Hopper and later, sm_90+ images only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PdlMode {
+    /// Only the launches that ask for it and have work to do before their wait: the decode step's
+    /// qkv and o_proj GEMVs, which stage their first weights meanwhile (on the H200, decode-chain:
+    /// the step 1-2% shorter).
+    #[default]
+    Auto,
+    /// Every launch of the modules whose kernels hold the hooks (the GEMVs and decode attention),
+    /// where their image is sm_90+. Measured on the H200 it
+    /// slowed the decode step (283 -> 231 tok/s at concurrency 1, an earlier build; -5.5% again
+    /// later): the next kernel's blocks land wherever the previous one's leave first, unevenly.
+    All,
+    /// None: every kernel waits for the one before it to end.
+    Off,
+}
+
+impl PdlMode {
+    pub const ALL: [PdlMode; 3] = [PdlMode::Auto, PdlMode::All, PdlMode::Off];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdlMode::Auto => "auto",
+            PdlMode::All => "all",
+            PdlMode::Off => "off",
+        }
+    }
+
+    /// `AOT_KERNELS_PDL`: `auto` (default, also when unset or empty), `all` (or `1`), `off` (or `0`).
+    pub fn from_env() -> Result<PdlMode, ParsePdlModeError> {
+        match std::env::var(PDL_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse(),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(PdlMode::Auto),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(ParsePdlModeError(v.to_string_lossy().into_owned()))
+            }
+        }
+    }
+}
+
+impl FromStr for PdlMode {
+    type Err = ParsePdlModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "1" => return Ok(PdlMode::All),
+            "0" => return Ok(PdlMode::Off),
+            _ => {}
+        }
+        PdlMode::ALL
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| ParsePdlModeError(s.to_string()))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a programmatic-launch mode: set {PDL_ENV} to `auto` (the default), `all` (or `1`) or `off` (or `0`)")]
+pub struct ParsePdlModeError(pub String);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pdl_modes_parse_by_name_and_by_the_old_switch() {
+        assert_eq!("auto".parse(), Ok(PdlMode::Auto));
+        assert_eq!("ALL".parse(), Ok(PdlMode::All));
+        assert_eq!("1".parse(), Ok(PdlMode::All));
+        assert_eq!("off".parse(), Ok(PdlMode::Off));
+        assert_eq!("0".parse(), Ok(PdlMode::Off));
+        let err = "yes".parse::<PdlMode>().unwrap_err();
+        assert!(err.to_string().contains("AOT_KERNELS_PDL"), "{err}");
+        assert!(err.to_string().contains("`yes`"), "{err}");
+        assert_eq!(PdlMode::default(), PdlMode::Auto);
+    }
 
     #[test]
     fn parses_toolchain_choices_and_rejects_others() {

@@ -382,21 +382,66 @@ pub fn gemv_with(
             p.n = to_i32(op, "n", silu_virtual_rows(intermediate))?;
         }
     }
-    let shape = gemv_shape(p.n as usize, kernels.sm_count());
-    // Staged only where two staged blocks still fit an SM (the layout assumes two); else the
-    // plain entry, which computes the same bits.
-    let staged = options.overlap_previous && shape.narrow && kernels.overlap_launch(MODULE) && {
-        let (entry, smem) = gemv_entry(norm, m, k, shape, true);
-        kernels.blocks_fit_smem(MODULE, entry, smem, BLOCKS_PER_SM)
-    };
-    let (entry, smem) = gemv_entry(norm, m, k, shape, staged);
+    let launch = gemv_launch(kernels, p.n as usize, k, m, norm, options);
     let cfg = LaunchConfig {
-        grid_dim: (to_i32(op, "blocks", shape.blocks)? as u32, 1, 1),
+        grid_dim: (to_i32(op, "blocks", launch.shape.blocks)? as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
+        shared_mem_bytes: launch.smem as u32,
     };
-    let programmatic = staged || kernels.programmatic_launch(MODULE);
-    launch_params_pdl(kernels, op, MODULE, entry, cfg, &p, programmatic)
+    launch_params_pdl(
+        kernels,
+        op,
+        MODULE,
+        launch.entry,
+        cfg,
+        &p,
+        launch.programmatic,
+    )
+}
+
+/// How [`gemv_with`] launches `n` rows (virtual rows for SiLU-and-mul) of `k` for `m` tokens on
+/// these kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvLaunch {
+    pub shape: GemvShape,
+    pub entry: &'static str,
+    /// Dynamic shared memory: x (norm input), then the stage (staged entries).
+    pub smem: usize,
+    /// A staged entry (see [`GemvOptions::overlap_previous`]).
+    pub staged: bool,
+    /// Launched with programmatic dependent launch: staged, or every launch under `AOT_KERNELS_PDL=all`.
+    pub programmatic: bool,
+}
+
+/// The launch [`gemv_with`] makes: staged only where the options ask, the layout is narrow, the
+/// image and mode allow it ([`LoadedKernels::overlap_launch`]) and two staged blocks still fit an
+/// SM (the layout assumes two); else the plain entry, which computes the same bits.
+pub fn gemv_launch(
+    kernels: &LoadedKernels,
+    n: usize,
+    k: usize,
+    m: usize,
+    norm: bool,
+    options: GemvOptions,
+) -> GemvLaunch {
+    let shape = gemv_shape(n, kernels.sm_count());
+    let (entry, smem) = gemv_entry(norm, m, k, shape, true);
+    let staged = options.overlap_previous
+        && shape.narrow
+        && kernels.overlap_launch(MODULE)
+        && kernels.blocks_fit_smem(MODULE, entry, smem, BLOCKS_PER_SM);
+    let (entry, smem) = if staged {
+        (entry, smem)
+    } else {
+        gemv_entry(norm, m, k, shape, false)
+    };
+    GemvLaunch {
+        shape,
+        entry,
+        smem,
+        staged,
+        programmatic: staged || kernels.programmatic_launch(MODULE),
+    }
 }
 
 /// `y[t][r] = sum_k x[t][k] w[r][k]` in float64 (the kernel's fp32 sum approximates it).
