@@ -26,8 +26,22 @@ fn test_seed() -> u64 {
 
 /// A row of logits of one of several characters: LLM-like (a few strong candidates over a
 /// broad tail), flat, very peaked, few distinct values (ties everywhere), a plateau at the top,
-/// or with NaN / infinities / signed zeros sprinkled in.
+/// with NaN / infinities / signed zeros sprinkled in, or nothing but NaN and -inf (kind 6) or NaN
+/// (kind 7), where greedy must still take the rank order's first: the lowest -inf, else index 0.
 fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
+    if kind >= 6 {
+        return (0..vocab)
+            .map(|_| {
+                if kind == 6 && rng.gen_range(0..3) == 0 {
+                    f32::NEG_INFINITY
+                } else if rng.gen() {
+                    f32::NAN
+                } else {
+                    -f32::NAN
+                }
+            })
+            .collect();
+    }
     let mut row: Vec<f32> = (0..vocab)
         .map(|_| match kind {
             0 => rng.gen_range(-6.0f32..6.0) + rng.gen_range(-6.0f32..0.0),
@@ -95,7 +109,24 @@ struct Batch {
     counters: Vec<u64>,
 }
 
-fn batch(rng: &mut impl Rng, rows: usize, vocab: usize, pad: usize) -> Batch {
+fn batch<R: Rng>(rng: &mut R, rows: usize, vocab: usize, pad: usize) -> Batch {
+    batch_of(rng, rows, vocab, pad, |rng, r| params(rng, vocab, r))
+}
+
+/// Greedy rows only (temperature 0 or top_k 1), of every kind.
+fn greedy_batch<R: Rng>(rng: &mut R, rows: usize, vocab: usize, pad: usize) -> Batch {
+    batch_of(rng, rows, vocab, pad, |rng, r| {
+        params(rng, vocab, 9 * r + r % 2)
+    })
+}
+
+fn batch_of<R: Rng>(
+    rng: &mut R,
+    rows: usize,
+    vocab: usize,
+    pad: usize,
+    mut params_for: impl FnMut(&mut R, usize) -> SamplingParams,
+) -> Batch {
     let shape = LogitsShape {
         rows,
         vocab,
@@ -104,10 +135,10 @@ fn batch(rng: &mut impl Rng, rows: usize, vocab: usize, pad: usize) -> Batch {
     let mut logits = vec![f32::NAN; rows * shape.row_stride];
     let mut params_ = Vec::with_capacity(rows);
     for r in 0..rows {
-        let kind = rng.gen_range(0..6);
+        let kind = rng.gen_range(0..8);
         let row = logits_row(rng, vocab, kind);
         logits[r * shape.row_stride..r * shape.row_stride + vocab].copy_from_slice(&row);
-        params_.push(params(rng, vocab, r));
+        params_.push(params_for(rng, r));
     }
     Batch {
         shape,
@@ -153,9 +184,13 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
     let paths = load_both_paths(&d);
     eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // Qwen3's vocabulary, an odd one with padded rows, Qwen3.5's, and tiny ones.
+    // Qwen3's vocabulary, an odd one with padded rows, Qwen3.5's, and tiny ones; then greedy
+    // rows alone, at 16-byte aligned row starts and (stride 151,935) at every other alignment.
     let batches = [
         batch(&mut rng, 72, 151_936, 0),
+        greedy_batch(&mut rng, 16, 151_936, 0),
+        greedy_batch(&mut rng, 16, 151_933, 2),
+        greedy_batch(&mut rng, 12, 4_099, 0),
         batch(&mut rng, 27, 50_021, 3),
         batch(&mut rng, 9, 248_320, 0),
         batch(&mut rng, 36, 7, 1),
