@@ -15,7 +15,7 @@ use aot_kernels::dispatch::{
 };
 use aot_kernels::ops::attention::{
     attention_decode, attention_decode_reference, attn_pipelined, attn_scratch_needs, attn_splits,
-    qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS,
+    qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS, CLUSTER_SPLITS,
 };
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
@@ -833,7 +833,14 @@ impl AttnInputs {
         }
     }
 
-    fn launch(&self, kr: &LoadedKernels, d: &mut AttnDevice, grid: usize, pipelined: bool) {
+    fn launch(
+        &self,
+        kr: &LoadedKernels,
+        d: &mut AttnDevice,
+        grid: usize,
+        pipelined: bool,
+        cluster: bool,
+    ) {
         attention_decode(
             kr,
             AttnDecode {
@@ -858,6 +865,7 @@ impl AttnInputs {
                 head_dim: self.hd,
                 grid_splits: grid,
                 pipelined,
+                cluster,
             },
             &mut AttnScratch {
                 ws_ml: dev_mut(kr, &mut d.ws_ml),
@@ -876,9 +884,21 @@ impl AttnInputs {
         grid: usize,
         pipelined: bool,
     ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+        self.run_with(kr, rows, grid, pipelined, false)
+    }
+
+    /// [`Self::run`], the splits merged in clusters or not.
+    fn run_with(
+        &self,
+        kr: &LoadedKernels,
+        rows: &[usize],
+        grid: usize,
+        pipelined: bool,
+        cluster: bool,
+    ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
         let s = kr.stream();
         let mut d = self.upload(kr, rows);
-        self.launch(kr, &mut d, grid, pipelined);
+        self.launch(kr, &mut d, grid, pipelined, cluster);
         assert!(
             s.clone_dtoh(&d.counters).unwrap().iter().all(|&c| c == 0),
             "merge counters left non-zero"
@@ -904,6 +924,7 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
     let d = device();
     let sass = kernels(&d, Policy::Auto);
     let ptx = kernels(&d, Policy::PtxOnly);
+    let mut clusters_checked = 0;
     for (q_heads, kv_heads, hd, ctxs) in [
         (
             32usize,
@@ -939,6 +960,20 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
             (&out_ptx, &kc_ptx, &vc_ptx),
             "SASS and PTX differ"
         );
+        // The rows whose splits fit a cluster, merged in clusters (sm_90+ code: the SASS path on
+        // this GPU): the same bits as the workspace merge, pipelined (and at 256 its one kind).
+        let fit: Vec<usize> = (0..m)
+            .filter(|&r| attn_splits(ctxs[r]).0 <= CLUSTER_SPLITS)
+            .collect();
+        if sass.cluster_launch(aot_kernels::ops::attention::MODULE) && !fit.is_empty() {
+            let plain = inp.run(&sass, &fit, grid.min(CLUSTER_SPLITS), true);
+            let clustered = inp.run_with(&sass, &fit, CLUSTER_SPLITS, true, true);
+            assert_eq!(
+                clustered, plain,
+                "{q_heads}/{kv_heads}x{hd} rows {fit:?}: the cluster merge differs"
+            );
+            clusters_checked += fit.len();
+        }
         // The entries without the pipeline (head dimensions 64 and 128; 256 has one kind) must
         // give the same bits: the same sums in the same order, only the loads move.
         for (kr, path) in [(&sass, "SASS"), (&ptx, "PTX")] {
@@ -1033,6 +1068,12 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
             }
         }
     }
+    // The compute_80 PTX has no cluster code: ptx-only never takes the cluster entries.
+    assert!(!ptx.cluster_launch(aot_kernels::ops::attention::MODULE));
+    if sass.cluster_launch(aot_kernels::ops::attention::MODULE) {
+        assert!(clusters_checked > 0, "no row took the cluster merge");
+    }
+    eprintln!("cluster merge equal to the workspace merge on {clusters_checked} rows");
 }
 
 #[test]
@@ -1230,7 +1271,7 @@ fn gpu_attention_decode_timings() {
         let grid = attn_splits(ctx).0;
         let rows: Vec<usize> = (0..m).collect();
         let mut dv = inp.upload(&kr, &rows);
-        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined);
+        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined, false);
         let mut out = ();
         for _ in 0..5 {
             launch(&mut out);

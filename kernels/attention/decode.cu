@@ -29,9 +29,18 @@
 // attention does). Each split keeps an online softmax (fp32, base 2) per query head; when a
 // sequence has more than one split, the last block to finish merges the partials in split order.
 //
+// The `_cl` entries (sm_90+; the host launches them only from sm_90+ images, grid depth 8) run a
+// sequence's splits as one thread-block cluster and merge them through distributed shared memory
+// instead of the workspace (cluster_merge), the same bits; small launches only: on the H200 one
+// row of 1088 tokens took 9.2 instead of 11.0 us, while eight rows lost (23.2 against 17.9 us).
+//
 // Cache layout per layer: [blocks][kv_heads][16][d] bf16 for K and for V.
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#endif
 
 // A named namespace: nvcc names anonymous-namespace symbols after a per-run unique id, which
 // would make the PTX (and the lock) differ between builds.
@@ -42,6 +51,10 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlockTokens = 16;
 constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 32;
+// The `_cl` entries (sm_90+) run a sequence's splits as one thread-block cluster of up to this many
+// blocks (the portable cluster size), launched kClusterSplits deep; see cluster_merge.
+constexpr int kClusterSplits = 8;
+static_assert(kClusterSplits <= kMaxSplits, "a cluster launch holds every split of its sequences");
 // Fewer, longer splits: a split's warps stream their cache blocks two deep (the pipelined entries), while
 // every extra split costs the merge's round trips (64 measured slower at every context on the H200).
 // The count is ctx / 128 rounded down: eight rows of 1089 tokens and 8 KV heads make 512 blocks, one
@@ -175,9 +188,86 @@ __device__ __forceinline__ void load_kv(const AttnDecodeParams& p, int64_t base,
 // Word j (0..3) of a uint4, for indices fixed at compile time.
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
+// The merge of a sequence's splits in a cluster launch (grid z = cluster z = kClusterSplits, rank =
+// split): every split left its block's partial in its own shared memory (o sums in warp 0's slot
+// of merge_o, [group][D]; (max, sum) per head in part_ml); after a cluster barrier each split merges
+// a slice of the elements, reading every split's partial through distributed shared memory, with
+// the same operations in the same split order as the last block's merge through the workspace
+// (the same bits); a second barrier keeps every block's partials alive until all are read. This
+// replaces the workspace's writes, the fence, the counter and the re-reads (L2 round trips on the
+// critical path of the launch) with two barriers and reads from neighbouring SMs.
+template <int D>
+__device__ __forceinline__ void cluster_merge(const AttnDecodeParams& p, int n, int group, int split, int row,
+                                              int kvh, const float* merge_o, const float2* part_ml,
+                                              float* w_split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (static_cast<int>(threadIdx.x) < group) {
+        float2 v[kClusterSplits];
+#pragma unroll
+        for (int s = 0; s < kClusterSplits; ++s) {
+            if (s < n) v[s] = *cluster.map_shared_rank(part_ml + threadIdx.x, s);
+        }
+        // Unrolled with a guard (v stays in registers); the order is the split order either way.
+        float mm = aot::neg_inf();
+#pragma unroll
+        for (int s = 0; s < kClusterSplits; ++s) {
+            if (s < n) mm = fmaxf(mm, v[s].x);
+        }
+        float ll = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kClusterSplits; ++s) {
+            if (s < n) {
+                const float f = exp2f(v[s].x - mm);
+                w_split[threadIdx.x * kClusterSplits + s] = f;
+                ll += v[s].y * f;
+            }
+        }
+        w_split[group * kClusterSplits + threadIdx.x] = ll;
+    }
+    __syncthreads();
+    const int elems = group * D;
+    const int per = (elems + n - 1) / n;
+    const int end = min(elems, (split + 1) * per);
+    const int ld_q = p.q_heads * D;
+    for (int i = split * per + threadIdx.x; i < end; i += kThreads) {
+        const int h = i / D, d = i - h * D;
+        float x[kClusterSplits];
+#pragma unroll
+        for (int s = 0; s < kClusterSplits; ++s) x[s] = s < n ? cluster.map_shared_rank(merge_o, s)[i] : 0.0f;
+        float oo = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kClusterSplits; ++s) {
+            if (s < n) oo += x[s] * w_split[h * kClusterSplits + s];
+        }
+        const int qh = kvh * group + h;
+        p.out[static_cast<int64_t>(row) * ld_q + qh * D + d] = __float2bfloat16_rn(oo / w_split[group * kClusterSplits + h]);
+    }
+    cluster.sync();
+#else
+    __trap();  // the host launches the _cl entries only from sm_90+ images
+#endif
+}
+
+// A block of a cluster launch whose split is past its sequence's count: it holds no partial, but
+// it takes part in both cluster barriers of a merge (a sequence of one split has none).
+__device__ __forceinline__ void cluster_idle(int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (n > 1) {
+        cooperative_groups::this_cluster().sync();
+        cooperative_groups::this_cluster().sync();
+    }
+#else
+    __trap();
+#endif
+}
+
 // G: query heads per KV head when fixed at build time, 0 for any group up to kMaxGroup. kPipelined:
 // stream the next cache block while scoring the current one (head dimensions up to 128).
-template <int D, int G, bool kPipelined>
+// kCluster: the sequence's splits are one cluster and merge through distributed shared memory.
+template <int D, int G, bool kPipelined, bool kCluster = false>
 __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQFloats = D + 8;          // floats per query head the host reserves (bf16 q uses half)
@@ -190,6 +280,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     __shared__ float merge_m[kWarps][kMaxGroup];
     __shared__ float merge_l[kWarps][kMaxGroup];
     __shared__ unsigned is_last;
+    __shared__ float2 part_ml[kMaxGroup];  // cluster launch: this split's (max, sum) per head
     // The new token's key and value as written to the cache, for the warp that scores its block.
     __shared__ __align__(16) __nv_bfloat16 new_kv[2][D];
 
@@ -208,7 +299,10 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         __trap();
     }
     aot::pdl_launch_dependents();
-    if (split >= sp.count) return;
+    if (split >= sp.count) {
+        if (kCluster) cluster_idle(sp.count);
+        return;
+    }
     // From here on the qkv projection's output is read.
     aot::pdl_wait();
     const int t_begin = split * sp.tokens;
@@ -450,6 +544,10 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         const int qh = kvh * group + h;
         if (single) {
             p.out[static_cast<int64_t>(row) * ld_q + qh * D + d] = __float2bfloat16_rn(oo / ll);
+        } else if (kCluster) {
+            // Warp 0's slot of element i: only this thread reads it, and it has.
+            merge_o[i] = oo;
+            if (d == 0) part_ml[h] = make_float2(mm, ll);
         } else {
             const int64_t cell = (static_cast<int64_t>(row) * p.q_heads + qh) * kMaxSplits + split;
             p.ws_o[cell * D + d] = oo;
@@ -460,6 +558,11 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         }
     }
     if (single) return;
+    if (kCluster) {
+        // p_s (the probabilities) is free: every warp is past the barrier above.
+        cluster_merge<D>(p, sp.count, group, split, row, kvh, merge_o, part_ml, p_s);
+        return;
+    }
 
     __threadfence();
     __syncthreads();
@@ -556,6 +659,12 @@ using namespace aot_attn_decode;
     extern "C" __global__ void __launch_bounds__(kThreads) name(const AttnDecodeParams p) { \
         attn_decode<d, g, pipelined>(p);                                                    \
     }
+// The cluster entries: the kinds small launches take (pipelined at 64 and 128, and 256), which
+// is where the cluster merge pays (src/ops/attention.rs::attn_cluster).
+#define AOT_ATTN_DECODE_CL(name, d, g, pipelined)                                               \
+    extern "C" __global__ void __launch_bounds__(kThreads) name##_cl(const AttnDecodeParams p) { \
+        attn_decode<d, g, pipelined, true>(p);                                                  \
+    }
 AOT_ATTN_DECODE(attn_decode_d64, 64, 0, true)
 AOT_ATTN_DECODE(attn_decode_d64_g2, 64, 2, true)
 AOT_ATTN_DECODE(attn_decode_d64_g4, 64, 4, true)
@@ -576,4 +685,17 @@ AOT_ATTN_DECODE(attn_decode_d256, 256, 0, false)
 AOT_ATTN_DECODE(attn_decode_d256_g2, 256, 2, false)
 AOT_ATTN_DECODE(attn_decode_d256_g4, 256, 4, false)
 AOT_ATTN_DECODE(attn_decode_d256_g8, 256, 8, false)
+AOT_ATTN_DECODE_CL(attn_decode_d64, 64, 0, true)
+AOT_ATTN_DECODE_CL(attn_decode_d64_g2, 64, 2, true)
+AOT_ATTN_DECODE_CL(attn_decode_d64_g4, 64, 4, true)
+AOT_ATTN_DECODE_CL(attn_decode_d64_g8, 64, 8, true)
+AOT_ATTN_DECODE_CL(attn_decode_d128, 128, 0, true)
+AOT_ATTN_DECODE_CL(attn_decode_d128_g2, 128, 2, true)
+AOT_ATTN_DECODE_CL(attn_decode_d128_g4, 128, 4, true)
+AOT_ATTN_DECODE_CL(attn_decode_d128_g8, 128, 8, true)
+AOT_ATTN_DECODE_CL(attn_decode_d256, 256, 0, false)
+AOT_ATTN_DECODE_CL(attn_decode_d256_g2, 256, 2, false)
+AOT_ATTN_DECODE_CL(attn_decode_d256_g4, 256, 4, false)
+AOT_ATTN_DECODE_CL(attn_decode_d256_g8, 256, 8, false)
+#undef AOT_ATTN_DECODE_CL
 #undef AOT_ATTN_DECODE

@@ -38,6 +38,7 @@ fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) 
         toolchain,
         prefill_tokens: qwen_engine::gpu::prefill::PREFILL_TOKENS,
         attention_pipelined: None,
+        attention_cluster: true,
     }
 }
 
@@ -87,15 +88,18 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
         // prompts across passes at odd places, and 8 rows (graphs off) cut every prompt. Decode
         // attention is forced unpipelined in two settings (these small models never reach the
         // busy blocks where `attn_pipelined` switches), one of them with graphs, so that kind's
-        // graphs are captured and replayed too. The bits must not change (checked against the
-        // first configuration below).
-        for (policy, toolchain, graphs, pass_rows, pipelined) in [
-            (Policy::Auto, newest, true, 4096, None),
-            (Policy::Auto, newest, false, 8, Some(false)),
-            (Policy::PtxOnly, newest, true, 97, Some(false)),
-            (Policy::PtxOnly, newest, false, 4096, None),
-            (Policy::Auto, cuda12, true, 4096, None),
-            (Policy::PtxOnly, cuda12, true, 4096, None),
+        // graphs are captured and replayed too. Where the GPU has thread-block clusters, the
+        // pipelined passes of these few-head models merge their splits in clusters; the second
+        // setting keeps the workspace merge. The bits must not change (checked against the first
+        // configuration below).
+        for (policy, toolchain, graphs, pass_rows, pipelined, cluster) in [
+            (Policy::Auto, newest, true, 4096, None, true),
+            (Policy::Auto, newest, true, 4096, None, false),
+            (Policy::Auto, newest, false, 8, Some(false), true),
+            (Policy::PtxOnly, newest, true, 97, Some(false), true),
+            (Policy::PtxOnly, newest, false, 4096, None, true),
+            (Policy::Auto, cuda12, true, 4096, None, true),
+            (Policy::PtxOnly, cuda12, true, 4096, None, true),
         ] {
             let mut runner = gpu_runner(
                 &config,
@@ -103,18 +107,20 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
                 &GpuOptions {
                     prefill_tokens: pass_rows,
                     attention_pipelined: pipelined,
+                    attention_cluster: cluster,
                     ..options(policy, toolchain, graphs, 256 << 20)
                 },
             );
             let label = format!(
-                "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}, attention {}]",
+                "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}, attention {}{}]",
                 f.name,
                 if graphs { "on" } else { "off" },
                 match pipelined {
                     None => "auto",
                     Some(true) => "pipelined",
                     Some(false) => "unpipelined",
-                }
+                },
+                if cluster { "" } else { ", no clusters" }
             );
 
             // 1. Teacher-forced logits: the bf16 noise, and the greedy choice where margins allow.

@@ -135,22 +135,37 @@ pub fn function_attributes(f: &CudaFunction) -> Result<FunctionAttributes, Drive
 
 /// Launches `f` with one by-value parameter block, optionally with programmatic stream
 /// serialisation (programmatic dependent launch: the kernel may start while the previous one on
-/// the stream drains, and waits for it with `griddepcontrol.wait`).
+/// the stream drains, and waits for it with `griddepcontrol.wait`) and optionally as thread-block
+/// clusters of `cluster` blocks (x, y, z; each dividing the grid's).
 ///
 /// # Safety
 /// `params` must point to a value laid out as the kernel's parameter list, every address in it
 /// valid for what the kernel does; with `programmatic`, the kernel's code must wait for its
-/// predecessor (griddepcontrol.wait) before reading what the predecessor wrote.
+/// predecessor (griddepcontrol.wait) before reading what the predecessor wrote; with `cluster`,
+/// the kernel must be built for sm_90+ and the device must have clusters (capability 9.0+).
 pub unsafe fn launch_with_params(
     f: &CudaFunction,
     stream: &cudarc::driver::CudaStream,
     cfg: cudarc::driver::LaunchConfig,
     params: *mut std::ffi::c_void,
     programmatic: bool,
+    cluster: Option<(u32, u32, u32)>,
 ) -> Result<(), DriverError> {
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+    let mut n = 0;
+    if programmatic {
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if let Some((x, y, z)) = cluster {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[n].value.clusterDim.x = x;
+        attrs[n].value.clusterDim.y = y;
+        attrs[n].value.clusterDim.z = z;
+        n += 1;
+    }
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -160,12 +175,12 @@ pub unsafe fn launch_with_params(
         blockDimZ: cfg.block_dim.2,
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: if programmatic {
-            &mut attr
+        attrs: if n > 0 {
+            attrs.as_mut_ptr()
         } else {
             std::ptr::null_mut()
         },
-        numAttrs: u32::from(programmatic),
+        numAttrs: n as u32,
     };
     stream.context().bind_to_thread()?;
     let mut args = [params];

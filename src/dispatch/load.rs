@@ -163,6 +163,8 @@ pub struct LoadedKernels {
     /// Modules whose loaded image holds `griddepcontrol.wait` on a GPU that has it; the mode
     /// (`report.pdl`) says which of their launches are programmatic.
     pdl_capable: std::collections::BTreeSet<String>,
+    /// Modules whose loaded image is sm_90+ code on a GPU with thread-block clusters.
+    cluster_capable: std::collections::BTreeSet<String>,
     smem_limits: SmemLimits,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
@@ -237,6 +239,13 @@ impl LoadedKernels {
     /// [`Self::programmatic_launch`], under the default `AOT_KERNELS_PDL=auto` or `all`.
     pub fn overlap_launch(&self, module: &str) -> bool {
         self.report.pdl != PdlMode::Off && self.pdl_capable.contains(module)
+    }
+
+    /// Whether kernels of `module` may be launched as thread-block clusters (and use distributed
+    /// shared memory): the GPU is Hopper or later and the loaded image was compiled for sm_90 or
+    /// later (the compute_80 PTX that `ptx-only` loads has no cluster code).
+    pub fn cluster_launch(&self, module: &str) -> bool {
+        self.cluster_capable.contains(module)
     }
 
     /// The same kernels under another programmatic-launch mode than `AOT_KERNELS_PDL` gave at load
@@ -362,6 +371,21 @@ fn pdl_modules(mode: PdlMode, capable: &std::collections::BTreeSet<String>) -> V
     }
 }
 
+/// Whether the GPU has thread-block clusters (Hopper and later; every driver our images need has
+/// them: they came with CUDA 12.0).
+pub fn cluster_device(device: &DeviceSpec) -> bool {
+    device.capability.major >= 9
+}
+
+/// The modules whose loaded image is sm_90+ code (cluster instructions) on a GPU of capability 9.0
+/// or later (thread-block clusters).
+fn cluster_capable(
+    device: &DeviceSpec,
+    modules: &[ModuleReport],
+) -> std::collections::BTreeSet<String> {
+    sm90_modules(cluster_device(device), modules)
+}
+
 /// The oldest driver programmatic launch is used with: programmatic edges in CUDA graphs (the
 /// decode step is captured into graphs) came with CUDA 12.3; older drivers are left out rather
 /// than trusted (not measured on one).
@@ -374,7 +398,12 @@ fn pdl_capable(
     device: &DeviceSpec,
     modules: &[ModuleReport],
 ) -> std::collections::BTreeSet<String> {
-    if !pdl_device(device) {
+    sm90_modules(pdl_device(device), modules)
+}
+
+/// The modules whose loaded image was built for sm_90 or later, where `device_ok`; else none.
+fn sm90_modules(device_ok: bool, modules: &[ModuleReport]) -> std::collections::BTreeSet<String> {
+    if !device_ok {
         return Default::default();
     }
     modules
@@ -456,6 +485,7 @@ pub fn load_modules(
         reports.push(report);
     }
     let pdl_capable = pdl_capable(&device.spec, &reports);
+    let cluster_capable = cluster_capable(&device.spec, &reports);
     let report = LoadReport {
         device_name: device.name.clone(),
         ordinal,
@@ -489,6 +519,7 @@ pub fn load_modules(
     };
     Ok(LoadedKernels {
         pdl_capable,
+        cluster_capable,
         smem_limits,
         ctx: device.ctx.clone(),
         stream,
@@ -619,6 +650,20 @@ mod tests {
         assert!(!pdl_device(&spec((9, 0), (12, 2))), "H100 on r535");
         assert!(!pdl_device(&spec((8, 7), (12, 6))), "Orin");
         assert!(!pdl_device(&spec((8, 9), (13, 0))));
+    }
+
+    #[test]
+    fn clusters_need_hopper() {
+        let spec = |major, minor| DeviceSpec {
+            capability: Version::new(major, minor),
+            integrated: false,
+            driver: Version::new(12, 4),
+        };
+        assert!(cluster_device(&spec(9, 0)));
+        assert!(cluster_device(&spec(11, 0)), "Thor");
+        assert!(cluster_device(&spec(12, 1)), "Spark");
+        assert!(!cluster_device(&spec(8, 7)), "Orin");
+        assert!(!cluster_device(&spec(8, 9)));
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub mod verify;
 pub use driver::{open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
-    check_module, load_all, load_all_from_env, load_available, load_modules, pdl_device,
-    LoadReport, LoadedKernels, ModuleReport, SmemLimits, PDL_MIN_DRIVER,
+    check_module, cluster_device, load_all, load_all_from_env, load_available, load_modules,
+    pdl_device, LoadReport, LoadedKernels, ModuleReport, SmemLimits, PDL_MIN_DRIVER,
 };
 pub use plan::{
     fast_path_unavailable, oldest_driver_for_all, oldest_driver_for_plan, plan, ModulePlan, Plan,

@@ -44,6 +44,54 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     (super::attention::MODULE, super::attention::ENTRIES[17]),
     (super::attention::MODULE, super::attention::ENTRIES[18]),
     (super::attention::MODULE, super::attention::ENTRIES[19]),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[0],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[1],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[2],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[3],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[4],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[5],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[6],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[7],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[8],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[9],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[10],
+    ),
+    (
+        super::attention::MODULE,
+        super::attention::CLUSTER_ENTRIES[11],
+    ),
     (super::embedding::MODULE, super::embedding::ENTRY),
     (super::init::MODULE, super::init::ENTRY_FILL_UNIFORM),
     (super::gemm::MODULE, super::gemm::ENTRY_BF16),
@@ -400,6 +448,23 @@ pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
     params: &P,
     programmatic: bool,
 ) -> Result<(), OpsError> {
+    launch_params_ex(kernels, op, module, entry, cfg, params, programmatic, None)
+}
+
+/// [`launch_params_pdl`] as thread-block clusters of `cluster` blocks (x, y, z), when given: the
+/// caller must have checked [`LoadedKernels::cluster_launch`] for `module` first, and each
+/// cluster dimension must divide the grid's.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_params_ex<P: DeviceRepr + Copy>(
+    kernels: &LoadedKernels,
+    op: &'static str,
+    module: &str,
+    entry: &str,
+    cfg: LaunchConfig,
+    params: &P,
+    programmatic: bool,
+    cluster: Option<(u32, u32, u32)>,
+) -> Result<(), OpsError> {
     let function: CudaFunction = kernels.function(module, entry)?;
     if cfg.shared_mem_bytes > 0 {
         kernels.allow_dynamic_smem(module, entry, cfg.shared_mem_bytes as usize)?;
@@ -410,7 +475,8 @@ pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
     // and the views borrow their allocations for the duration of this call; the launch is
     // ordered on the kernels' single stream, before any later free of those allocations. With
     // `programmatic`, the module's image was built for sm_90+, whose code waits for the previous
-    // kernel (griddepcontrol.wait) before reading its results.
+    // kernel (griddepcontrol.wait) before reading its results; with `cluster`, the caller checked
+    // that the image is sm_90+ code on a GPU with clusters.
     unsafe {
         crate::dispatch::driver::launch_with_params(
             &function,
@@ -418,6 +484,7 @@ pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
             cfg,
             (&mut value as *mut P).cast(),
             programmatic,
+            cluster,
         )
     }
     .map_err(|source| OpsError::Driver { op, source })

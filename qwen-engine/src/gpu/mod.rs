@@ -30,8 +30,8 @@ use std::time::Instant;
 use aot_kernels::device::{self, CudaGraph, CudaSlice, CudaStream, DriverError};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
-    attention_decode, attn_pipelined, attn_scratch_needs, attn_splits, AttnDecode, AttnScratch,
-    MAX_SPLITS,
+    self, attention_decode, attn_cluster, attn_pipelined, attn_scratch_needs, attn_splits,
+    decode_entry_cluster, AttnDecode, AttnScratch, CLUSTER_SPLITS, MAX_SPLITS,
 };
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gemv::{
@@ -75,6 +75,10 @@ pub struct GpuOptions {
     /// Decode attention's kind: `None` lets `attn_pipelined` pick per pass (the default);
     /// `Some(kind)` forces it (tests: both kinds must give the same bits).
     pub attention_pipelined: Option<bool>,
+    /// Whether decode attention may merge its splits inside thread-block clusters where
+    /// `attn_cluster` says that pays (Hopper and later, sm_90+ images; the same bits either way).
+    /// `false` keeps the workspace merge everywhere (A/B measurements, tests).
+    pub attention_cluster: bool,
 }
 
 /// Counters for the report.
@@ -196,10 +200,12 @@ pub struct GpuRunner {
     graphs_on: bool,
     /// `GpuOptions::attention_pipelined`.
     attention_pipelined: Option<bool>,
-    /// Captured passes by (rows, pipelined attention).
-    graphs: HashMap<(usize, bool), CudaGraph>,
+    /// `GpuOptions::attention_cluster`.
+    attention_cluster: bool,
+    /// Captured passes by row count and attention kind (pipelined, cluster).
+    graphs: HashMap<(usize, bool, bool), CudaGraph>,
     /// Row counts and attention kinds that have run eagerly once (graphs capture after that).
-    seen: [[bool; 2]; MAX_TOKENS + 1],
+    seen: [[bool; 4]; MAX_TOKENS + 1],
     stats: GpuStats,
     setup_s: f64,
 }
@@ -335,8 +341,9 @@ impl GpuRunner {
             slots,
             graphs_on: options.graphs,
             attention_pipelined: options.attention_pipelined,
+            attention_cluster: options.attention_cluster,
             graphs: HashMap::new(),
-            seen: [[false; 2]; MAX_TOKENS + 1],
+            seen: [[false; 4]; MAX_TOKENS + 1],
             stats: GpuStats::default(),
             setup_s: started.elapsed().as_secs_f64(),
         })
@@ -382,12 +389,13 @@ impl GpuRunner {
     }
 
     /// Launches one forward pass over the first `m` rows of the pass buffers; attention with
-    /// `grid_splits` splits deep, pipelined or not.
+    /// `grid_splits` splits deep, pipelined or not, its splits merged in clusters or not.
     fn launch_forward(
         &mut self,
         m: usize,
         grid_splits: usize,
         pipelined: bool,
+        cluster: bool,
     ) -> Result<(), OpsError> {
         let c = &self.cfg;
         let k = &self.k;
@@ -455,6 +463,7 @@ impl GpuRunner {
                     head_dim: c.head_dim,
                     grid_splits,
                     pipelined,
+                    cluster,
                 },
                 &mut AttnScratch {
                     ws_ml: dev_mut(k, &mut b.attn_ml),
@@ -599,13 +608,31 @@ impl GpuRunner {
                 self.k.sm_count(),
             )
         });
-        let key = (m, pipelined);
-        let kind = usize::from(pipelined);
+        // Splits merged in thread-block clusters where that pays and the image has the code; such
+        // a graph (depth CLUSTER_SPLITS) serves every pass whose sequences fit a cluster.
+        let max_splits = splits.iter().copied().max().unwrap_or(1);
+        let cluster = self.attention_cluster
+            && attn_cluster(
+                self.cfg.num_key_value_heads,
+                m,
+                max_splits,
+                self.k.sm_count(),
+            )
+            && self.k.cluster_launch(attention::MODULE)
+            && decode_entry_cluster(
+                self.cfg.head_dim,
+                self.cfg.num_attention_heads / self.cfg.num_key_value_heads.max(1),
+                pipelined,
+            )
+            .is_some();
+        let key = (m, pipelined, cluster);
+        let kind = usize::from(pipelined) + 2 * usize::from(cluster);
+        let depth = if cluster { CLUSTER_SPLITS } else { MAX_SPLITS };
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {
             GraphDecision::Replay => {
                 if !self.graphs.contains_key(&key) {
                     device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
-                    let launched = self.launch_forward(m, MAX_SPLITS, pipelined);
+                    let launched = self.launch_forward(m, depth, pipelined, cluster);
                     let graph = device::end_capture(&s);
                     launched.map_err(ops_err)?;
                     let graph = graph
@@ -622,8 +649,9 @@ impl GpuRunner {
                 self.stats.graph_replays += 1;
             }
             _ => {
-                let grid = splits.iter().copied().max().unwrap_or(1);
-                self.launch_forward(m, grid, pipelined).map_err(ops_err)?;
+                let grid = if cluster { CLUSTER_SPLITS } else { max_splits };
+                self.launch_forward(m, grid, pipelined, cluster)
+                    .map_err(ops_err)?;
                 self.seen[m.min(MAX_TOKENS)][kind] = true;
                 self.stats.eager_passes += 1;
             }

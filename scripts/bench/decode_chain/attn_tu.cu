@@ -46,6 +46,12 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
     const size_t floats = kMaxGroup * (d + 8) + kWarps * kBlockTokens * kMaxGroup + kWarps * kMaxGroup * d;
     // Mirrors decode_entry() in src/ops/attention.rs.
     const int g = a.q_heads / a.kv_heads;
+    // Mirrors decode_entry_cluster(): pipelined at 64 and 128, and 256's one kind.
+    void (*const table_cl[3][4])(AttnDecodeParams) = {
+        {attn_decode_d64_cl, attn_decode_d64_g2_cl, attn_decode_d64_g4_cl, attn_decode_d64_g8_cl},
+        {attn_decode_d128_cl, attn_decode_d128_g2_cl, attn_decode_d128_g4_cl, attn_decode_d128_g8_cl},
+        {attn_decode_d256_cl, attn_decode_d256_g2_cl, attn_decode_d256_g4_cl, attn_decode_d256_g8_cl},
+    };
     void (*const table[3][2][4])(AttnDecodeParams) = {
         {{attn_decode_d64_np, attn_decode_d64_g2_np, attn_decode_d64_g4_np, attn_decode_d64_g8_np},
          {attn_decode_d64, attn_decode_d64_g2, attn_decode_d64_g4, attn_decode_d64_g8}},
@@ -54,7 +60,35 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
         {{attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8},
          {attn_decode_d256, attn_decode_d256_g2, attn_decode_d256_g4, attn_decode_d256_g8}},
     };
-    void (*kernel)(AttnDecodeParams) =
-        table[d == 64 ? 0 : d == 128 ? 1 : 2][a.pipelined ? 1 : 0][g == 2 ? 1 : g == 4 ? 2 : g == 8 ? 3 : 0];
-    launch(kernel, dim3(a.kv_heads, a.m, a.grid_splits), dim3(kThreads), floats * 4, s, p);
+    const int di = d == 64 ? 0 : d == 128 ? 1 : 2, pi = a.pipelined ? 1 : 0, gi = g == 2 ? 1 : g == 4 ? 2 : g == 8 ? 3 : 0;
+    if (a.cluster) {
+        // Mirrors the cluster launch in src/ops/attention.rs: grid depth and cluster depth kClusterSplits.
+        if (d != 256 && !a.pipelined) {
+            fprintf(stderr, "--cluster: the cluster entries at head_dim %d are pipelined only\n", d);
+            exit(2);
+        }
+        void (*kernel)(AttnDecodeParams) = table_cl[di][gi];
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(floats * 4));
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(a.kv_heads, a.m, kClusterSplits);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = floats * 4;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = kClusterSplits;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = g_pdl ? 2 : 1;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "cluster launch: %s\n", cudaGetErrorString(e));
+            exit(1);
+        }
+        return;
+    }
+    launch(table[di][pi][gi], dim3(a.kv_heads, a.m, a.grid_splits), dim3(kThreads), floats * 4, s, p);
 }

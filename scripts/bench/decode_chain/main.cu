@@ -93,6 +93,7 @@ int g_norm_all_rows_min = 4;
 int main(int argc, char** argv) {
     int m = 1, ctx = 80, layers = 36, reps = 200;
     bool exact_splits = false;
+    bool cluster = false;  // --cluster: the attention's `_cl` entries, splits merged in a cluster
     int pipeline = -1;  // -1 auto, 0 off, 1 on
     bool no_overlap = false;  // as AOT_KERNELS_PDL=off, whatever --pdl-ops and --stage-ops say
     int hidden = 2560, q_heads = 32, kv_heads = 8, hd = 128, inter = 9728, vocab = 151936;
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
         else if (a == "--layers") layers = next();
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
+        else if (a == "--cluster") cluster = true;
         else if (a == "--pdl") g_pdl = g_pdl_all = true;
         else if (a == "--pdl-ops" && i + 1 < argc) g_pdl_ops = argv[++i];
         else if (a == "--stage-ops" && i + 1 < argc) g_stage_ops = argv[++i];
@@ -184,7 +186,11 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
 
     const float eps = 1e-6f;
-    const int grid_splits = exact_splits ? attn_splits_host(ctx + 1) : ms;
+    if (cluster && attn_splits_host(ctx + 1) > 8) {
+        fprintf(stderr, "--cluster: %d splits at %d tokens, a cluster holds 8\n", attn_splits_host(ctx + 1), ctx + 1);
+        return 2;
+    }
+    const int grid_splits = cluster ? 8 : exact_splits ? attn_splits_host(ctx + 1) : ms;
     // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
     const int pipelined = pipeline >= 0 ? pipeline : hd <= 128 && kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
     auto op_qkv = [&](int l, int groups, cudaStream_t s) {
@@ -195,7 +201,8 @@ int main(int argc, char** argv) {
     auto op_attn = [&](int l, cudaStream_t s) {
         pdl_for('a');
         launch_attn({qkv, L[l].q_norm, L[l].k_norm, cos_sin, L[l].k_cache, L[l].v_cache, d_table, d_slots, d_pos, attn,
-                     ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, pipelined, eps}, s);
+                     ws_ml, ws_o, counters, m, q_heads, kv_heads, hd, ld_bt, qkv_dim, max_pos, grid_splits, pipelined,
+                     cluster ? 1 : 0, eps}, s);
     };
     auto op_o = [&](int l, cudaStream_t s) {
         pdl_for('o');
@@ -294,8 +301,8 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(bits.data() + (size_t)m * vocab * 4, h, (size_t)m * hidden * 2, cudaMemcpyDeviceToHost));
     uint64_t fnv = 1469598103934665603ull;
     for (char c : bits) fnv = (fnv ^ (uint8_t)c) * 1099511628211ull;
-    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d pdl %s stage %s\n",
-           sm, bw / 1e12, m, ctx, layers, grid_splits, pipelined, g_pdl_all ? "all" : g_pdl_ops.c_str(),
+    printf("device SMs %d, stream read %.3f TB/s; m %d ctx %d layers %d grid_splits %d pipelined %d cluster %d pdl %s stage %s\n",
+           sm, bw / 1e12, m, ctx, layers, grid_splits, pipelined, cluster ? 1 : 0, g_pdl_all ? "all" : g_pdl_ops.c_str(),
            g_stage_ops.c_str());
     printf("step  median %8.1f us  p90 %8.1f us  limit %8.1f us  share %5.1f%%  %7.1f tok/s\n", med, p90, limit_us,
            100.0 * limit_us / med, m * 1e6 / med);

@@ -58,6 +58,7 @@ struct AttnArgs {
     unsigned* counters;
     int m, q_heads, kv_heads, head_dim, ld_bt, ld_qkv, max_pos, grid_splits;
     int pipelined;  // the entries that stream the next cache block while scoring (64, 128)
+    int cluster;    // the `_cl` entries: a sequence's splits as one cluster, grid depth kClusterSplits
     float eps;
 };
 void launch_attn(const AttnArgs& a, cudaStream_t s);

@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// Launch eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
+    /// Merge decode attention's splits through the workspace everywhere, never inside
+    /// thread-block clusters (to measure what the clusters give; the same tokens either way).
+    #[arg(long)]
+    no_attention_cluster: bool,
     /// Rows of a packed prefill pass on the GPU (the prompt chunks of a step share passes).
     #[arg(long, default_value_t = PREFILL_TOKENS)]
     prefill_tokens: usize,
@@ -371,6 +375,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
             prefill_tokens: args.prefill_tokens,
             attention_pipelined: None,
+            attention_cluster: !args.no_attention_cluster,
         };
         let setup = Instant::now();
         let runner =

@@ -190,6 +190,7 @@ fn build_runner(
                 toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
                 prefill_tokens: args.prefill_tokens,
                 attention_pipelined: None,
+                attention_cluster: true,
             };
             let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
