@@ -10,7 +10,8 @@ use aot_kernels::dispatch::LoadedKernels;
 use aot_kernels::ops::init::fill_uniform_bf16;
 use aot_kernels::ops::random::fill_uniform_bf16_reference;
 use aot_kernels::ops::sampling::{
-    sample_reference, sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
+    sample_candidates, sample_reference, sample_tokens, DeviceSamplingParams, LogitsShape,
+    SamplingParams, SAMPLE_CANDIDATES,
 };
 use aot_kernels::ops::{dev_mut, OpsError};
 use gpu_common::{device, load_auto, load_both_paths, time_ms};
@@ -27,9 +28,11 @@ fn test_seed() -> u64 {
 /// A row of logits of one of several characters: LLM-like (a few strong candidates over a
 /// broad tail), flat, very peaked, few distinct values (ties everywhere), a plateau at the top,
 /// with NaN / infinities / signed zeros sprinkled in, or nothing but NaN and -inf (kind 6) or NaN
-/// (kind 7), where greedy must still take the rank order's first: the lowest -inf, else index 0.
+/// (kind 7), where greedy must still take the rank order's first: the lowest -inf, else index 0;
+/// kind 8 is a trained model's shape: a bell-shaped tail (spread about 2.5) and a few tokens 8 to
+/// 20 above it, which at Qwen's sampling settings leaves few candidates (`sample_candidates`).
 fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
-    if kind >= 6 {
+    if kind == 6 || kind == 7 {
         return (0..vocab)
             .map(|_| {
                 if kind == 6 && rng.gen_range(0..3) == 0 {
@@ -45,6 +48,7 @@ fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
     let mut row: Vec<f32> = (0..vocab)
         .map(|_| match kind {
             0 => rng.gen_range(-6.0f32..6.0) + rng.gen_range(-6.0f32..0.0),
+            8 => (0..3).map(|_| rng.gen_range(-2.5f32..2.5)).sum(),
             1 => rng.gen_range(-0.5..0.5),
             2 => rng.gen_range(-60.0..10.0),
             3 => rng.gen_range(0..5) as f32 * 0.5,
@@ -54,6 +58,12 @@ fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
     match kind {
         0 => {
             for _ in 0..rng.gen_range(1..30) {
+                let i = rng.gen_range(0..vocab);
+                row[i] = rng.gen_range(8.0..20.0);
+            }
+        }
+        8 => {
+            for _ in 0..rng.gen_range(1..12) {
                 let i = rng.gen_range(0..vocab);
                 row[i] = rng.gen_range(8.0..20.0);
             }
@@ -79,7 +89,7 @@ fn logits_row(rng: &mut impl Rng, vocab: usize, kind: usize) -> Vec<f32> {
 
 fn params(rng: &mut impl Rng, vocab: usize, case: usize) -> SamplingParams {
     let temperature = [0.6f32, 1.0, 0.25, 1.7][rng.gen_range(0..4)];
-    let (temperature, top_k, top_p) = match case % 9 {
+    let (temperature, top_k, top_p) = match case % 11 {
         0 => (0.0, 0, 1.0),                                           // greedy
         1 => (temperature, 1, 1.0),                                   // greedy through top_k = 1
         2 => (temperature, 0, 1.0),                                   // temperature only
@@ -88,6 +98,8 @@ fn params(rng: &mut impl Rng, vocab: usize, case: usize) -> SamplingParams {
         5 => (temperature, rng.gen_range(2..2000), 0.9),              // both
         6 => (temperature, vocab as u32 + rng.gen_range(0..9), 0.95), // k > V
         7 => (temperature, 0, 1e-6),                                  // tiny p: the top token
+        9 => (0.6, 20, 0.95), // Qwen3's generation config (thinking)
+        10 => (0.7, 20, 0.8), // Qwen3's non-thinking settings
         _ => (
             temperature,
             rng.gen_range(1..vocab as u32 + 1),
@@ -110,13 +122,21 @@ struct Batch {
 }
 
 fn batch<R: Rng>(rng: &mut R, rows: usize, vocab: usize, pad: usize) -> Batch {
-    batch_of(rng, rows, vocab, pad, |rng, r| params(rng, vocab, r))
+    batch_of(rng, rows, vocab, pad, 0..9, |rng, r| params(rng, vocab, r))
+}
+
+/// Rows of a trained model's shape (kind 8) under top-k settings (cases 3, 5, 9, 10): where the
+/// kernel mostly samples over candidates.
+fn top_k_batch<R: Rng>(rng: &mut R, rows: usize, vocab: usize) -> Batch {
+    batch_of(rng, rows, vocab, 0, 8..9, |rng, r| {
+        params(rng, vocab, [3, 5, 9, 10][r % 4])
+    })
 }
 
 /// Greedy rows only (temperature 0 or top_k 1), of every kind.
 fn greedy_batch<R: Rng>(rng: &mut R, rows: usize, vocab: usize, pad: usize) -> Batch {
-    batch_of(rng, rows, vocab, pad, |rng, r| {
-        params(rng, vocab, 9 * r + r % 2)
+    batch_of(rng, rows, vocab, pad, 0..9, |rng, r| {
+        params(rng, vocab, 11 * r + r % 2)
     })
 }
 
@@ -125,6 +145,7 @@ fn batch_of<R: Rng>(
     rows: usize,
     vocab: usize,
     pad: usize,
+    kinds: std::ops::Range<usize>,
     mut params_for: impl FnMut(&mut R, usize) -> SamplingParams,
 ) -> Batch {
     let shape = LogitsShape {
@@ -135,7 +156,7 @@ fn batch_of<R: Rng>(
     let mut logits = vec![f32::NAN; rows * shape.row_stride];
     let mut params_ = Vec::with_capacity(rows);
     for r in 0..rows {
-        let kind = rng.gen_range(0..8);
+        let kind = rng.gen_range(kinds.clone());
         let row = logits_row(rng, vocab, kind);
         logits[r * shape.row_stride..r * shape.row_stride + vocab].copy_from_slice(&row);
         params_.push(params_for(rng, r));
@@ -184,10 +205,12 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
     let paths = load_both_paths(&d);
     eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // Qwen3's vocabulary, an odd one with padded rows, Qwen3.5's, and tiny ones; then greedy
-    // rows alone, at 16-byte aligned row starts and (stride 151,935) at every other alignment.
+    // Qwen3's vocabulary (all kinds, then a trained model's shape under top-k), an odd one with
+    // padded rows, Qwen3.5's, and tiny ones; then greedy rows alone, at 16-byte aligned row starts
+    // and (stride 151,935) at every other alignment.
     let batches = [
         batch(&mut rng, 72, 151_936, 0),
+        top_k_batch(&mut rng, 24, 151_936),
         greedy_batch(&mut rng, 16, 151_936, 0),
         greedy_batch(&mut rng, 16, 151_933, 2),
         greedy_batch(&mut rng, 12, 4_099, 0),
@@ -196,6 +219,25 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
         batch(&mut rng, 36, 7, 1),
         batch(&mut rng, 9, 1, 0),
     ];
+    // The kernel runs a row's passes over its candidates when they fit, else over the whole row:
+    // both must be among the rows checked.
+    let (mut within, mut past) = (0, 0);
+    for b in &batches {
+        for (r, p) in b.params.iter().enumerate() {
+            let row = &b.logits[r * b.shape.row_stride..][..b.shape.vocab];
+            if !p.is_greedy() && b.shape.vocab > SAMPLE_CANDIDATES {
+                match sample_candidates(row, p) {
+                    Some(_) => within += 1,
+                    None => past += 1,
+                }
+            }
+        }
+    }
+    eprintln!("non-greedy rows longer than {SAMPLE_CANDIDATES}: {within} sampled over their candidates, {past} over the whole row");
+    assert!(
+        within >= 10 && past >= 10,
+        "both candidate paths need rows (input seed {seed})"
+    );
     let mut mismatches = Vec::new();
     let mut per_path = Vec::new();
     for (path, k) in &paths {
@@ -237,10 +279,11 @@ fn gpu_sampling_timings() {
     let s = k.stream();
     let vocab = 151_936;
     let rows = 8;
-    let logits: Vec<f32> = (0..rows)
-        .flat_map(|_| logits_row(&mut rng, vocab, 0))
+    // Rows of a trained model's shape (kind 8).
+    let host: Vec<f32> = (0..rows)
+        .flat_map(|_| logits_row(&mut rng, vocab, 8))
         .collect();
-    let logits = s.clone_htod(&logits).unwrap();
+    let logits = s.clone_htod(&host).unwrap();
     let shape = LogitsShape {
         rows,
         vocab,
@@ -255,6 +298,14 @@ fn gpu_sampling_timings() {
         ("top-k 50", 0.7, 50, 1.0),
         ("top-p 0.9", 0.7, 0, 0.9),
         ("top-k 50 + top-p 0.9", 0.7, 50, 0.9),
+        ("Qwen3 thinking (0.6, top-k 20, top-p 0.95)", 0.6, 20, 0.95),
+        (
+            "Qwen3 non-thinking (0.7, top-k 20, top-p 0.8)",
+            0.7,
+            20,
+            0.8,
+        ),
+        ("temperature 1.5, flat tail", 1.5, 0, 1.0),
     ] {
         let temperature = s.clone_htod(&[t; 8]).unwrap();
         let top_k = s.clone_htod(&[kk; 8]).unwrap();
@@ -269,7 +320,23 @@ fn gpu_sampling_timings() {
         let ms = time_ms(&k, 20, || {
             sample_tokens(&k, &mut tokens, &logits, &shape, &p).unwrap()
         });
-        eprintln!("sample_tokens 8 x {vocab}, {name}: {:.1} us", ms * 1e3);
+        let candidates: Vec<Option<usize>> = host
+            .chunks(vocab)
+            .map(|row| {
+                sample_candidates(
+                    row,
+                    &SamplingParams {
+                        temperature: t,
+                        top_k: kk,
+                        top_p: pp,
+                    },
+                )
+            })
+            .collect();
+        eprintln!(
+            "sample_tokens 8 x {vocab}, {name}: {:.1} us (candidates per row, None: the whole row: {candidates:?})",
+            ms * 1e3
+        );
     }
 }
 

@@ -37,6 +37,9 @@ pub const ENTRY: &str = "sample_tokens";
 pub const MAX_VOCAB: usize = 1 << 24;
 /// Threads per block of the kernel (one block per row).
 const SAMPLE_THREADS: u32 = 1024;
+/// The most candidates a row may have for the kernel's passes to run over them in shared memory
+/// rather than over the row ([`sample_candidates`]; `kCandidates` in `kernels/sampling/sample.cu`).
+pub const SAMPLE_CANDIDATES: usize = 2048;
 
 /// The random stream sampling draws from (any fixed value distinct from the weight streams).
 pub const SAMPLE_STREAM: u64 = 0x5341_4d50_4c45; // "SAMPLE"
@@ -147,6 +150,51 @@ pub fn mass(s: f32, max: f32) -> u64 {
     (w * 4_294_967_296.0) as u64
 }
 
+/// Where the kernel runs a non-greedy row's passes after the maximum: `Some(n)` over its `n`
+/// candidates in shared memory, `None` over the whole row (also for a greedy row). Candidates are
+/// taken under top-k (`0 < top_k < vocab`) where the first radix digit (key bits 31..21) puts at
+/// most [`SAMPLE_CANDIDATES`] tokens in the bins from the k-th ranked key's up; they are the
+/// tokens of those bins with positive mass: a prefix of the rank order that holds every token the
+/// kept set's mass sums and the draw can see, so the token is the same either way. Tests use this
+/// to cover both paths.
+pub fn sample_candidates(logits: &[f32], p: &SamplingParams) -> Option<usize> {
+    let vocab = logits.len();
+    if vocab == 0 || p.is_greedy() || p.top_k == 0 || p.top_k as usize >= vocab {
+        return None;
+    }
+    let scaled: Vec<f32> = logits
+        .iter()
+        .map(|&l| scaled_logit(l, p.temperature))
+        .collect();
+    let max = scaled
+        .iter()
+        .copied()
+        .max_by_key(|&s| logit_key(s))
+        .unwrap_or(f32::NEG_INFINITY);
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    let mut keys: Vec<u32> = scaled.iter().map(|&s| logit_key(s)).collect();
+    let k = p.top_k as usize;
+    let bin_floor = *keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1 >> 21;
+    let in_bins = keys.iter().filter(|&&key| key >> 21 >= bin_floor).count();
+    (in_bins <= SAMPLE_CANDIDATES).then(|| {
+        scaled
+            .iter()
+            .filter(|&&s| logit_key(s) >> 21 >= bin_floor && mass(s, max) != 0)
+            .count()
+    })
+}
+
+/// `l / temperature`, NaN as -inf: a token's scaled logit.
+fn scaled_logit(l: f32, temperature: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        l / temperature
+    }
+}
+
 /// Reference for the `sample` kernel: the token chosen for one row of logits.
 pub fn sample_reference(logits: &[f32], p: &SamplingParams, seed: u64, counter: u64) -> u32 {
     if logits.is_empty() {
@@ -157,13 +205,7 @@ pub fn sample_reference(logits: &[f32], p: &SamplingParams, seed: u64, counter: 
     }
     let scaled: Vec<f32> = logits
         .iter()
-        .map(|&l| {
-            if l.is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                l / p.temperature
-            }
-        })
+        .map(|&l| scaled_logit(l, p.temperature))
         .collect();
     // Rank order: scaled value descending (by key), index ascending.
     let mut order: Vec<u32> = (0..scaled.len() as u32).collect();
@@ -308,20 +350,17 @@ mod tests {
 
         const DIGITS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
 
+        /// A row and the tokens the passes run over (in index order): all, or the candidates.
         struct Row<'a> {
             logits: &'a [f32],
             temperature: f32,
             max: f32,
+            items: Vec<usize>,
         }
 
         impl Row<'_> {
             fn scaled(&self, i: usize) -> f32 {
-                let l = self.logits[i];
-                if l.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    l / self.temperature
-                }
+                scaled_logit(self.logits[i], self.temperature)
             }
             fn key(&self, i: usize) -> u32 {
                 logit_key(self.scaled(i))
@@ -348,7 +387,7 @@ mod tests {
                 !0u32 << (shift + bits)
             };
             let (mut count, mut mass) = (vec![0u64; bins], vec![0u64; bins]);
-            for i in 0..row.logits.len() {
+            for &i in &row.items {
                 let key = row.key(i);
                 if (key ^ prefix) & high_mask != 0 || !in_prefix(key, i, set) {
                     continue;
@@ -377,13 +416,40 @@ mod tests {
         }
 
         fn nth_index_with_key(row: &Row, key: u32, n: u64) -> usize {
-            (0..row.logits.len())
+            row.items
+                .iter()
+                .copied()
                 .filter(|&i| row.key(i) == key)
                 .nth(n as usize - 1)
                 .expect("n is at most the number of ties")
         }
 
-        pub fn sample(logits: &[f32], p: &SamplingParams, seed: u64, counter: u64) -> u32 {
+        /// Whether [`sample`] with `cap` runs its passes over candidates.
+        pub fn gathers(logits: &[f32], p: &SamplingParams, cap: usize) -> bool {
+            let vocab = logits.len();
+            if p.top_k == 0 || p.top_k as usize >= vocab {
+                return false;
+            }
+            let keys: Vec<u32> = logits
+                .iter()
+                .map(|&l| logit_key(scaled_logit(l, p.temperature)))
+                .collect();
+            let mut sorted = keys.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            let floor = sorted[p.top_k as usize - 1] >> 21;
+            keys.iter().filter(|&&k| k >> 21 >= floor).count() <= cap
+        }
+
+        /// The kernel's steps: under top-k, its passes over the candidates when the k-th ranked
+        /// key's first-digit bins and those above hold at most `cap` tokens (the kernel's cap is
+        /// [`SAMPLE_CANDIDATES`]), else over the row.
+        pub fn sample(
+            logits: &[f32],
+            p: &SamplingParams,
+            seed: u64,
+            counter: u64,
+            cap: usize,
+        ) -> u32 {
             if p.is_greedy() {
                 return argmax_reference(logits);
             }
@@ -392,6 +458,7 @@ mod tests {
                 logits,
                 temperature: p.temperature,
                 max: 0.0,
+                items: (0..vocab).collect(),
             };
             let top = (0..vocab)
                 .max_by_key(|&i| (row.key(i), std::cmp::Reverse(i)))
@@ -400,13 +467,38 @@ mod tests {
             if row.max == f32::NEG_INFINITY {
                 return top as u32;
             }
+            // Under top-k: the candidates (positive mass, the k-th ranked key's first digit or
+            // above) where that digit's bins hold at most `cap` tokens.
+            let mut gathered = None;
+            if p.top_k > 0 && (p.top_k as usize) < vocab {
+                let (bin_floor, above, in_bin, _) = digit(
+                    &row,
+                    0,
+                    DIGITS[0],
+                    (0, vocab - 1),
+                    u64::from(p.top_k),
+                    false,
+                );
+                if above + in_bin <= cap as u64 {
+                    let candidates: Vec<usize> = (0..vocab)
+                        .filter(|&i| {
+                            row.key(i) >> 21 >= bin_floor && mass(row.scaled(i), row.max) != 0
+                        })
+                        .collect();
+                    gathered = Some(candidates.len());
+                    row.items = candidates;
+                }
+            }
+            if cap == SAMPLE_CANDIDATES {
+                assert_eq!(gathered, sample_candidates(logits, p));
+            }
             let mut set = (0u32, vocab - 1);
             let kept = if p.top_k > 0 {
                 (p.top_k as usize).min(vocab)
             } else {
                 vocab
             };
-            if kept < vocab {
+            if kept < row.items.len() {
                 let (mut prefix, mut need, mut ties) = (0u32, kept as u64, 0);
                 for d in DIGITS {
                     let (bin, below, count, _) =
@@ -423,9 +515,11 @@ mod tests {
                 set = (prefix, index);
             }
             if p.top_p < 1.0 {
-                let z_k: u64 = (0..vocab)
-                    .filter(|&i| in_prefix(row.key(i), i, set))
-                    .map(|i| mass(row.scaled(i), row.max))
+                let z_k: u64 = row
+                    .items
+                    .iter()
+                    .filter(|&&i| in_prefix(row.key(i), i, set))
+                    .map(|&i| mass(row.scaled(i), row.max))
                     .sum();
                 let target = (f64::from(p.top_p) * z_k as f64).ceil() as u64;
                 if target == 0 {
@@ -451,20 +545,23 @@ mod tests {
                     set = (prefix, index);
                 }
             }
-            let masses: Vec<u64> = (0..vocab)
-                .map(|i| {
-                    if in_prefix(row.key(i), i, set) {
+            let masses: Vec<(usize, u64)> = row
+                .items
+                .iter()
+                .map(|&i| {
+                    let m = if in_prefix(row.key(i), i, set) {
                         mass(row.scaled(i), row.max)
                     } else {
                         0
-                    }
+                    };
+                    (i, m)
                 })
                 .collect();
-            let z: u64 = masses.iter().sum();
+            let z: u64 = masses.iter().map(|&(_, m)| m).sum();
             let u = u128::from(random_u24(seed, SAMPLE_STREAM, counter));
             let t = ((u128::from(z) * u) >> 24) as u64;
             let mut cum = 0u64;
-            for (i, &m) in masses.iter().enumerate() {
+            for &(i, m) in &masses {
                 cum += m;
                 if cum > t {
                     return i as u32;
@@ -533,17 +630,31 @@ mod tests {
         let seed: u64 = rand::random();
         eprintln!("seed {seed}");
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // Passes over the candidates where they fit the kernel's cap, smaller caps (the row
+        // more often), and never (cap 0: always the row).
+        let mut paths = [0usize; 2];
         for case in 0..600 {
             let vocab = [1, 2, 3, 7, 64, 301, 2048, 5003][case % 8];
             let logits = tricky_row(&mut rng, vocab);
             let p = tricky_params(&mut rng, vocab);
             let (s, c) = (rng.gen(), rng.gen_range(0..1000));
-            assert_eq!(
-                threshold_model::sample(&logits, &p, s, c),
-                sample_reference(&logits, &p, s, c),
-                "case {case}: vocab {vocab}, {p:?}, seed {s}, counter {c}, logits {logits:?}"
-            );
+            let want = sample_reference(&logits, &p, s, c);
+            if !p.is_greedy() {
+                paths[usize::from(threshold_model::gathers(&logits, &p, 300))] += 1;
+            }
+            for cap in [SAMPLE_CANDIDATES, 300, 40, 0] {
+                assert_eq!(
+                    threshold_model::sample(&logits, &p, s, c, cap),
+                    want,
+                    "case {case} (cap {cap}): vocab {vocab}, {p:?}, seed {s}, counter {c}, logits {logits:?}"
+                );
+            }
         }
+        eprintln!("non-greedy rows over the row / over candidates at a cap of 300: {paths:?}");
+        assert!(
+            paths[0] > 30 && paths[1] > 30,
+            "rows over the row / over candidates at a cap of 300: {paths:?}"
+        );
     }
 
     #[test]
