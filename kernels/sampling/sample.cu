@@ -21,10 +21,11 @@
 // that on the CPU). Otherwise (no top-k, or a flat row) the passes run over the whole row: there
 // the gather measured as a pass that pays for nothing (temperature 0.7 alone: 121 -> 178 us at 8
 // rows on the H200). At 8 x 151,936 logits of a trained model's shape, Qwen3's settings (top-k 20,
-// top-p 0.95 or 0.8) took 500 us over the row and 195 over the candidates.
+// top-p 0.95 or 0.8) took 500 us over the row and about 200 over the candidates.
 //
 // Row passes re-read the row (it stays in L2) and recompute s = l / temperature and the key, the
-// same fp32 operations each time; each thread keeps kLoads loads in flight.
+// same fp32 operations each time; in the maximum and the mass sums each thread keeps kLoads loads
+// in flight, in the histograms one (see radix_digit).
 #include "aot_common.cuh"
 #include "aot_random.cuh"
 #include "aot_sampling.cuh"
@@ -160,18 +161,18 @@ struct CandidateSet {
 // f(j, scaled value, valid) for every element of `src`, thread t taking j = t, t + kThreads, ...,
 // kLoads of them loaded before any is used. Every thread calls f the same number of times (with
 // valid false past the end), so f may hold warp-wide operations.
-template <class Src, class F>
+template <int kDepth = kLoads, class Src, class F>
 __device__ __forceinline__ void for_each(const Src& src, F f) {
     const int n = src.size();
-    for (int base = 0; base < n; base += kLoads * kThreads) {
-        float v[kLoads];
+    for (int base = 0; base < n; base += kDepth * kThreads) {
+        float v[kDepth];
 #pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
+        for (int u = 0; u < kDepth; ++u) {
             const int j = base + u * kThreads + static_cast<int>(threadIdx.x);
             v[u] = j < n ? src.load(j) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
+        for (int u = 0; u < kDepth; ++u) {
             const int j = base + u * kThreads + static_cast<int>(threadIdx.x);
             f(j, src.scaled_of(v[u]), j < n);
         }
@@ -192,7 +193,10 @@ __device__ void radix_digit(Shared& sh, const Src& src, float smax, uint32_t pre
         if (kByMass) sh.mass[b] = 0;
     }
     __syncthreads();
-    for_each(src, [&](int j, float s, bool valid) {
+    // One load at a time: the histogram's warp-wide rounds, unrolled eight deep, made ptxas take
+    // 17 s over this module instead of 2.5 (the PTX path JIT-compiles it at first load), for
+    // passes whose time is their arithmetic, not their loads.
+    for_each<1>(src, [&](int j, float s, bool valid) {
         bool has = false;
         uint32_t bin = 0;
         uint64_t mass = 0;
