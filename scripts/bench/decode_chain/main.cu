@@ -6,7 +6,7 @@
 //
 //   decode-chain [--m 1] [--ctx 80] [--layers 36] [--reps 200] [--exact-splits] [--pdl]
 //                [--pdl-ops OPS] [--stage-ops OPS] [--no-overlap]
-//                [--pipeline auto|on|off] [--norm-all-rows-min N]
+//                [--pipeline auto|on|off] [--cluster auto|on|off] [--norm-all-rows-min N]
 //
 // By default qkv and o_proj take the staged GEMV entries and launch with programmatic dependent
 // launch, as the engine does under AOT_KERNELS_PDL=auto; --no-overlap launches every kernel plainly
@@ -14,7 +14,8 @@
 // g gate_up, d down, l lm_head) launched programmatically and staged (staging needs the narrow
 // layout: q, o, d); --pdl launches every kernel programmatically (AOT_KERNELS_PDL=all). Only an
 // sm_90+ build holds griddepcontrol.wait: a compute_80 build must run with --no-overlap. --pipeline
-// picks the decode attention entries: `auto` as the engine does (attn_pipelined), or forced.
+// picks the decode attention entries: `auto` as the engine does (attn_pipelined), or forced;
+// --cluster likewise picks whether a row's splits merge in a thread-block cluster (attn_cluster).
 // --norm-all-rows-min sets the rows from which the wide norm GEMVs take the all-rows prologue
 // (default 4, as the engine; 9 never, 1 always).
 #include "ops.h"
@@ -93,7 +94,7 @@ int g_norm_all_rows_min = 4;
 int main(int argc, char** argv) {
     int m = 1, ctx = 80, layers = 36, reps = 200;
     bool exact_splits = false;
-    bool cluster = false;  // --cluster: the attention's `_cl` entries, splits merged in a cluster
+    int cluster_mode = -1;  // --cluster auto|on|off: the attention's `_cl` entries (splits merged in a cluster)
     int pipeline = -1;  // -1 auto, 0 off, 1 on
     bool no_overlap = false;  // as AOT_KERNELS_PDL=off, whatever --pdl-ops and --stage-ops say
     int hidden = 2560, q_heads = 32, kv_heads = 8, hd = 128, inter = 9728, vocab = 151936;
@@ -105,7 +106,12 @@ int main(int argc, char** argv) {
         else if (a == "--layers") layers = next();
         else if (a == "--reps") reps = next();
         else if (a == "--exact-splits") exact_splits = true;
-        else if (a == "--cluster") cluster = true;
+        else if (a == "--cluster") {
+            // A bare --cluster (as earlier versions took it) means on.
+            const std::string v = i + 1 < argc ? argv[i + 1] : "";
+            if (v == "auto" || v == "on" || v == "off") ++i;
+            cluster_mode = v == "auto" ? -1 : v == "off" ? 0 : 1;
+        }
         else if (a == "--pdl") g_pdl = g_pdl_all = true;
         else if (a == "--pdl-ops" && i + 1 < argc) g_pdl_ops = argv[++i];
         else if (a == "--stage-ops" && i + 1 < argc) g_stage_ops = argv[++i];
@@ -186,13 +192,19 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
 
     const float eps = 1e-6f;
+    // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
+    const int pipelined = pipeline >= 0 ? pipeline : hd <= 128 && kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
+    // Mirrors attn_cluster() and decode_entry_cluster() (the engine also asks for an sm_90+ image on a
+    // GPU of capability 9.0 or later, which this sm_90 build on the H200 is).
+    const int splits = attn_splits_host(ctx + 1);
+    const bool cluster = cluster_mode >= 0 ? cluster_mode == 1
+                                           : splits >= 2 && splits <= 8 && 2 * kv_heads * m * 8 <= sm &&
+                                                 (pipelined || hd == 256);
     if (cluster && attn_splits_host(ctx + 1) > 8) {
         fprintf(stderr, "--cluster: %d splits at %d tokens, a cluster holds 8\n", attn_splits_host(ctx + 1), ctx + 1);
         return 2;
     }
     const int grid_splits = cluster ? 8 : exact_splits ? attn_splits_host(ctx + 1) : ms;
-    // Mirrors attn_pipelined() in src/ops/attention.rs: every row holds ctx + 1 tokens.
-    const int pipelined = pipeline >= 0 ? pipeline : hd <= 128 && kv_heads * m * attn_splits_host(ctx + 1) <= 2 * sm;
     auto op_qkv = [&](int l, int groups, cudaStream_t s) {
         pdl_for('q');
         launch_gemv({L[l].qkv, h, ssq, L[l].in_norm, qkv, nullptr, nullptr, qkv_dim, hidden, m, hidden, qkv_dim, 0,
