@@ -133,6 +133,62 @@ pub fn function_attributes(f: &CudaFunction) -> Result<FunctionAttributes, Drive
     })
 }
 
+/// The launch attribute that makes a launch thread-block clusters of `(x, y, z)` blocks.
+fn cluster_attribute((x, y, z): (u32, u32, u32)) -> sys::CUlaunchAttribute {
+    // SAFETY: a plain C struct and union of integers; zero is a valid value of each.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = x;
+    attr.value.clusterDim.y = y;
+    attr.value.clusterDim.z = z;
+    attr
+}
+
+/// The driver's launch configuration of `cfg` on `stream` with `attrs` (which must outlive its use).
+fn launch_config(
+    cfg: &cudarc::driver::LaunchConfig,
+    stream: &cudarc::driver::CudaStream,
+    attrs: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        numAttrs: attrs.len() as u32,
+    }
+}
+
+/// How many clusters of `cluster` blocks (x, y, z) of `f`, launched as `cfg` describes, the device
+/// can hold at once (`cuOccupancyMaxActiveClusters`): 0 when such a cluster cannot be placed at all
+/// (more blocks than a GPC's SMs can hold, given each block's registers and shared memory), and a
+/// launch of it would fail. The function's dynamic shared-memory limit must already allow
+/// `cfg.shared_mem_bytes`.
+pub fn max_active_clusters(
+    f: &CudaFunction,
+    stream: &cudarc::driver::CudaStream,
+    cfg: cudarc::driver::LaunchConfig,
+    cluster: (u32, u32, u32),
+) -> Result<u32, DriverError> {
+    let mut attrs = [cluster_attribute(cluster)];
+    let config = launch_config(&cfg, stream, &mut attrs);
+    stream.context().bind_to_thread()?;
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: a query; the config and its attribute live on this frame for the call, and the
+    // function and stream handles are alive (borrowed).
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config).result()? };
+    Ok(n.max(0) as u32)
+}
+
 /// Launches `f` with one by-value parameter block, optionally with programmatic stream
 /// serialisation (programmatic dependent launch: the kernel may start while the previous one on
 /// the stream drains, and waits for it with `griddepcontrol.wait`) and optionally as thread-block
@@ -159,29 +215,11 @@ pub unsafe fn launch_with_params(
         attrs[n].value.programmaticStreamSerializationAllowed = 1;
         n += 1;
     }
-    if let Some((x, y, z)) = cluster {
-        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attrs[n].value.clusterDim.x = x;
-        attrs[n].value.clusterDim.y = y;
-        attrs[n].value.clusterDim.z = z;
+    if let Some(dims) = cluster {
+        attrs[n] = cluster_attribute(dims);
         n += 1;
     }
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: if n > 0 {
-            attrs.as_mut_ptr()
-        } else {
-            std::ptr::null_mut()
-        },
-        numAttrs: n as u32,
-    };
+    let config = launch_config(&cfg, stream, &mut attrs[..n]);
     stream.context().bind_to_thread()?;
     let mut args = [params];
     sys::cuLaunchKernelEx(

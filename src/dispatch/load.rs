@@ -168,6 +168,9 @@ pub struct LoadedKernels {
     smem_limits: SmemLimits,
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
     smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
+    /// Whether a cluster launch of an entry can be placed, by (module, entry, shared memory,
+    /// cluster size): [`LoadedKernels::cluster_fits`].
+    cluster_fit: std::sync::Mutex<BTreeMap<(String, String, u32, u32), bool>>,
 }
 
 impl std::fmt::Debug for LoadedKernels {
@@ -246,6 +249,60 @@ impl LoadedKernels {
     /// later (the compute_80 PTX that `ptx-only` loads has no cluster code).
     pub fn cluster_launch(&self, module: &str) -> bool {
         self.cluster_capable.contains(module)
+    }
+
+    /// Whether `entry` of `module`, blocks of `threads` threads with `smem` bytes of dynamic shared
+    /// memory, can run as clusters of `size` blocks here: [`Self::cluster_launch`], and the driver
+    /// places at least one such cluster (`cuOccupancyMaxActiveClusters`; a GPU whose GPCs hold
+    /// fewer free SMs than a cluster needs, a small Jetson or a MIG slice, cannot, and a launch would
+    /// fail). A failed query counts as no. Asked of the driver once per (entry, smem, size).
+    pub fn cluster_fits(
+        &self,
+        module: &str,
+        entry: &str,
+        threads: u32,
+        smem: usize,
+        size: u32,
+    ) -> bool {
+        if !self.cluster_launch(module) {
+            return false;
+        }
+        let key = (module.to_string(), entry.to_string(), smem as u32, size);
+        if let Some(&fits) = self
+            .cluster_fit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return fits;
+        }
+        let fits = self.allow_dynamic_smem(module, entry, smem).is_ok()
+            && self.function(module, entry).is_ok_and(|f| {
+                let cfg = cudarc::driver::LaunchConfig {
+                    grid_dim: (1, 1, size),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                match driver::max_active_clusters(&f, &self.stream, cfg, (1, 1, size)) {
+                    Ok(n) => n > 0,
+                    Err(e) => {
+                        log::warn!(
+                            "{module}/{entry}: cluster occupancy query failed ({e}); no clusters"
+                        );
+                        false
+                    }
+                }
+            });
+        if !fits {
+            log::info!(
+                "{module}/{entry}: a cluster of {size} blocks does not fit this GPU; no clusters"
+            );
+        }
+        self.cluster_fit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, fits);
+        fits
     }
 
     /// The same kernels under another programmatic-launch mode than `AOT_KERNELS_PDL` gave at load
@@ -527,6 +584,7 @@ pub fn load_modules(
         report,
         sm_count: device.sm_count,
         smem_allowed: Default::default(),
+        cluster_fit: Default::default(),
     })
 }
 

@@ -147,6 +147,33 @@ pub fn decode_entry_cluster(
     Some(CLUSTER_ENTRIES[base + group_slot(group)?])
 }
 
+/// Dynamic shared memory of a decode attention block at head dimension `d` (the query heads, the
+/// probabilities and the merge's partials).
+fn decode_smem_bytes(d: usize) -> usize {
+    4 * (MAX_GROUP * (d + 8) + WARPS * BLOCK_TOKENS * MAX_GROUP + WARPS * MAX_GROUP * d)
+}
+
+/// Whether the cluster entry for `head_dim`, `group` and `pipelined` exists and its clusters of
+/// [`CLUSTER_SPLITS`] blocks fit this GPU ([`LoadedKernels::cluster_fits`]: sm_90+ code on a
+/// capability 9.0+ GPU, and the driver places such a cluster). A caller that wants the cluster
+/// merge asks this and [`attn_cluster`].
+pub fn cluster_fits(
+    kernels: &LoadedKernels,
+    head_dim: usize,
+    group: usize,
+    pipelined: bool,
+) -> bool {
+    decode_entry_cluster(head_dim, group, pipelined).is_some_and(|entry| {
+        kernels.cluster_fits(
+            MODULE,
+            entry,
+            THREADS,
+            decode_smem_bytes(head_dim),
+            CLUSTER_SPLITS as u32,
+        )
+    })
+}
+
 /// Whether a pass should merge its splits in thread-block clusters (the `_cl` entries, through
 /// distributed shared memory) rather than through the workspace: the longest sequence has 2 to
 /// [`CLUSTER_SPLITS`] splits, and the launch's blocks (`kv_heads` x `rows` x [`CLUSTER_SPLITS`])
@@ -154,8 +181,7 @@ pub fn decode_entry_cluster(
 /// (64 blocks) took 9.2 instead of 11.0 us at 1088 tokens and 8.9 instead of 10.3 at 300; eight
 /// rows (512 blocks) 23.2 instead of 17.9 at 1088 and 26.3 instead of 12.3 at 300 (clusters of
 /// eight are placed within a GPC, and a short sequence's idle blocks hold their places until the
-/// merge). The caller also needs [`LoadedKernels::cluster_launch`] and a
-/// [`decode_entry_cluster`]. Both merges give the same bits.
+/// merge). The caller also needs [`cluster_fits`]. Both merges give the same bits.
 pub fn attn_cluster(kv_heads: usize, rows: usize, max_splits: usize, sm_count: usize) -> bool {
     (2..=CLUSTER_SPLITS).contains(&max_splits) && 2 * kv_heads * rows * CLUSTER_SPLITS <= sm_count
 }
@@ -239,9 +265,8 @@ pub struct AttnDecode<'a> {
     /// Take the pipelined entry ([`attn_pipelined`] says when it pays; the bits are the same).
     pub pipelined: bool,
     /// Merge each sequence's splits in a thread-block cluster ([`attn_cluster`] says when it
-    /// pays; the bits are the same): needs [`LoadedKernels::cluster_launch`], a
-    /// [`decode_entry_cluster`], `grid_splits == CLUSTER_SPLITS` and at most that many splits in
-    /// every row.
+    /// pays; the bits are the same): needs [`cluster_fits`], `grid_splits == CLUSTER_SPLITS` and
+    /// at most that many splits in every row.
     pub cluster: bool,
 }
 
@@ -292,13 +317,20 @@ pub fn attention_decode(
                 a.grid_splits
             )));
         }
-        decode_entry_cluster(d, group, a.pipelined).ok_or_else(|| {
+        let entry = decode_entry_cluster(d, group, a.pipelined).ok_or_else(|| {
             shape_err(format!(
                 "no cluster entry for head_dim {d}, group {group}, pipelined {} (64 and 128 have \
                  pipelined ones only); launch with `cluster: false`",
                 a.pipelined
             ))
-        })?
+        })?;
+        if !cluster_fits(kernels, d, group, a.pipelined) {
+            return Err(shape_err(format!(
+                "a cluster of {CLUSTER_SPLITS} `{entry}` blocks does not fit this GPU (the driver \
+                 places none); launch with `cluster: false`"
+            )));
+        }
+        entry
     } else {
         decode_entry(d, group, a.pipelined).ok_or_else(|| {
             shape_err(format!(
@@ -374,7 +406,6 @@ pub fn attention_decode(
         norm_offset: a.weight_offset,
         pad: 0,
     };
-    let floats = MAX_GROUP * (d + 8) + WARPS * BLOCK_TOKENS * MAX_GROUP + WARPS * MAX_GROUP * d;
     let cfg = LaunchConfig {
         grid_dim: (
             a.kv_heads as u32,
@@ -382,7 +413,7 @@ pub fn attention_decode(
             a.grid_splits as u32,
         ),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: (floats * 4) as u32,
+        shared_mem_bytes: decode_smem_bytes(d) as u32,
     };
     if a.cluster {
         let programmatic = kernels.programmatic_launch(MODULE);

@@ -31,7 +31,7 @@ use aot_kernels::device::{self, CudaGraph, CudaSlice, CudaStream, DriverError};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
     self, attention_decode, attn_cluster, attn_pipelined, attn_scratch_needs, attn_splits,
-    decode_entry_cluster, AttnDecode, AttnScratch, CLUSTER_SPLITS, MAX_SPLITS,
+    AttnDecode, AttnScratch, CLUSTER_SPLITS, MAX_SPLITS,
 };
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gemv::{
@@ -618,13 +618,12 @@ impl GpuRunner {
                 max_splits,
                 self.k.sm_count(),
             )
-            && self.k.cluster_launch(attention::MODULE)
-            && decode_entry_cluster(
+            && attention::cluster_fits(
+                &self.k,
                 self.cfg.head_dim,
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads.max(1),
                 pipelined,
-            )
-            .is_some();
+            );
         let key = (m, pipelined, cluster);
         let kind = usize::from(pipelined) + 2 * usize::from(cluster);
         let depth = if cluster { CLUSTER_SPLITS } else { MAX_SPLITS };
