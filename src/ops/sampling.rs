@@ -158,6 +158,11 @@ pub fn mass(s: f32, max: f32) -> u64 {
 /// kept set's mass sums and the draw can see, so the token is the same either way. Tests use this
 /// to cover both paths.
 pub fn sample_candidates(logits: &[f32], p: &SamplingParams) -> Option<usize> {
+    candidates_within(logits, p, SAMPLE_CANDIDATES)
+}
+
+/// [`sample_candidates`] for a cap of `cap` candidates instead of the kernel's.
+fn candidates_within(logits: &[f32], p: &SamplingParams, cap: usize) -> Option<usize> {
     let vocab = logits.len();
     if vocab == 0 || p.is_greedy() || p.top_k == 0 || p.top_k as usize >= vocab {
         return None;
@@ -178,7 +183,7 @@ pub fn sample_candidates(logits: &[f32], p: &SamplingParams) -> Option<usize> {
     let k = p.top_k as usize;
     let bin_floor = *keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1 >> 21;
     let in_bins = keys.iter().filter(|&&key| key >> 21 >= bin_floor).count();
-    (in_bins <= SAMPLE_CANDIDATES).then(|| {
+    (in_bins <= cap).then(|| {
         scaled
             .iter()
             .filter(|&&s| logit_key(s) >> 21 >= bin_floor && mass(s, max) != 0)
@@ -424,22 +429,6 @@ mod tests {
                 .expect("n is at most the number of ties")
         }
 
-        /// Whether [`sample`] with `cap` runs its passes over candidates.
-        pub fn gathers(logits: &[f32], p: &SamplingParams, cap: usize) -> bool {
-            let vocab = logits.len();
-            if p.top_k == 0 || p.top_k as usize >= vocab {
-                return false;
-            }
-            let keys: Vec<u32> = logits
-                .iter()
-                .map(|&l| logit_key(scaled_logit(l, p.temperature)))
-                .collect();
-            let mut sorted = keys.clone();
-            sorted.sort_unstable_by(|a, b| b.cmp(a));
-            let floor = sorted[p.top_k as usize - 1] >> 21;
-            keys.iter().filter(|&&k| k >> 21 >= floor).count() <= cap
-        }
-
         /// The kernel's steps: under top-k, its passes over the candidates when the k-th ranked
         /// key's first-digit bins and those above hold at most `cap` tokens (the kernel's cap is
         /// [`SAMPLE_CANDIDATES`]), else over the row.
@@ -489,9 +478,7 @@ mod tests {
                     row.items = candidates;
                 }
             }
-            if cap == SAMPLE_CANDIDATES {
-                assert_eq!(gathered, sample_candidates(logits, p));
-            }
+            assert_eq!(gathered, candidates_within(logits, p, cap));
             let mut set = (0u32, vocab - 1);
             let kept = if p.top_k > 0 {
                 (p.top_k as usize).min(vocab)
@@ -640,7 +627,7 @@ mod tests {
             let (s, c) = (rng.gen(), rng.gen_range(0..1000));
             let want = sample_reference(&logits, &p, s, c);
             if !p.is_greedy() {
-                paths[usize::from(threshold_model::gathers(&logits, &p, 300))] += 1;
+                paths[usize::from(candidates_within(&logits, &p, 300).is_some())] += 1;
             }
             for cap in [SAMPLE_CANDIDATES, 300, 40, 0] {
                 assert_eq!(
