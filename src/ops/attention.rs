@@ -8,7 +8,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 use half::bf16;
 
 use super::launch::{
-    check_aligned, check_view, launch_params, launch_params_ex, to_i32, DevMut, DevRef, OpsError,
+    check_aligned, check_view, launch_params_pdl, to_i32, DevMut, DevRef, OpsError,
 };
 use crate::dispatch::LoadedKernels;
 
@@ -163,15 +163,20 @@ pub fn cluster_fits(
     group: usize,
     pipelined: bool,
 ) -> bool {
-    decode_entry_cluster(head_dim, group, pipelined).is_some_and(|entry| {
-        kernels.cluster_fits(
-            MODULE,
-            entry,
-            THREADS,
-            decode_smem_bytes(head_dim),
-            CLUSTER_SPLITS as u32,
-        )
-    })
+    decode_entry_cluster(head_dim, group, pipelined)
+        .is_some_and(|entry| entry_cluster_fits(kernels, entry, head_dim))
+}
+
+/// Whether clusters of [`CLUSTER_SPLITS`] blocks of the cluster entry `entry` (head dimension `d`)
+/// fit this GPU.
+fn entry_cluster_fits(kernels: &LoadedKernels, entry: &str, d: usize) -> bool {
+    kernels.cluster_fits(
+        MODULE,
+        entry,
+        THREADS,
+        decode_smem_bytes(d),
+        CLUSTER_SPLITS as u32,
+    )
 }
 
 /// Whether a pass should merge its splits in thread-block clusters (the `_cl` entries, through
@@ -324,7 +329,7 @@ pub fn attention_decode(
                 a.pipelined
             ))
         })?;
-        if !cluster_fits(kernels, d, group, a.pipelined) {
+        if !entry_cluster_fits(kernels, entry, d) {
             return Err(shape_err(format!(
                 "a cluster of {CLUSTER_SPLITS} `{entry}` blocks does not fit this GPU (the driver \
                  places none); launch with `cluster: false`"
@@ -415,22 +420,16 @@ pub fn attention_decode(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: decode_smem_bytes(d) as u32,
     };
-    if a.cluster {
-        let programmatic = kernels.programmatic_launch(MODULE);
-        let depth = CLUSTER_SPLITS as u32;
-        launch_params_ex(
-            kernels,
-            op,
-            MODULE,
-            entry,
-            cfg,
-            &p,
-            programmatic,
-            Some((1, 1, depth)),
-        )
-    } else {
-        launch_params(kernels, op, MODULE, entry, cfg, &p)
-    }
+    launch_params_pdl(
+        kernels,
+        op,
+        MODULE,
+        entry,
+        cfg,
+        &p,
+        kernels.programmatic_launch(MODULE),
+        a.cluster.then_some((1, 1, CLUSTER_SPLITS as u32)),
+    )
 }
 
 /// Reference of one row: `q` is `[q_heads][d]`, keys and values `[ctx][kv_heads][d]` in order of

@@ -396,6 +396,7 @@ pub fn gemv_with(
         cfg,
         &p,
         launch.programmatic,
+        None,
     )
 }
 

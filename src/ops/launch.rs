@@ -424,38 +424,13 @@ pub(crate) fn check_view(
 
 /// Launches `entry` with one by-value parameter block (a `#[repr(C)]` mirror of the kernel's
 /// struct, filled from checked views). Raises the function's dynamic shared-memory limit first
-/// when static plus dynamic shared memory pass the default 48 KiB.
-pub(crate) fn launch_params<P: DeviceRepr + Copy>(
-    kernels: &LoadedKernels,
-    op: &'static str,
-    module: &str,
-    entry: &str,
-    cfg: LaunchConfig,
-    params: &P,
-) -> Result<(), OpsError> {
-    let programmatic = kernels.programmatic_launch(module);
-    launch_params_pdl(kernels, op, module, entry, cfg, params, programmatic)
-}
-
-/// [`launch_params`] with programmatic dependent launch chosen by the caller, which must have
-/// checked [`LoadedKernels::overlap_launch`] (or `programmatic_launch`) for `module` first.
-pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
-    kernels: &LoadedKernels,
-    op: &'static str,
-    module: &str,
-    entry: &str,
-    cfg: LaunchConfig,
-    params: &P,
-    programmatic: bool,
-) -> Result<(), OpsError> {
-    launch_params_ex(kernels, op, module, entry, cfg, params, programmatic, None)
-}
-
-/// [`launch_params_pdl`] as thread-block clusters of `cluster` blocks (x, y, z), when given: the
-/// caller must have checked [`LoadedKernels::cluster_launch`] for `module` first, and each
-/// cluster dimension must divide the grid's.
+/// when static plus dynamic shared memory pass the default 48 KiB. With programmatic dependent
+/// launch as the caller chooses (it must have checked [`LoadedKernels::overlap_launch`] or
+/// `programmatic_launch` for `module` first), and as thread-block clusters of `cluster` blocks
+/// (x, y, z) when given (it must have checked [`LoadedKernels::cluster_fits`] for the entry, and
+/// each cluster dimension must divide the grid's).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_params_ex<P: DeviceRepr + Copy>(
+pub(crate) fn launch_params_pdl<P: DeviceRepr + Copy>(
     kernels: &LoadedKernels,
     op: &'static str,
     module: &str,

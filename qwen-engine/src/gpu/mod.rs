@@ -200,8 +200,9 @@ pub struct GpuRunner {
     graphs_on: bool,
     /// `GpuOptions::attention_pipelined`.
     attention_pipelined: Option<bool>,
-    /// `GpuOptions::attention_cluster`.
-    attention_cluster: bool,
+    /// Whether decode attention may merge in clusters here, unpipelined and pipelined:
+    /// `GpuOptions::attention_cluster` and `attention::cluster_fits`, asked once at set-up.
+    cluster_ok: [bool; 2],
     /// Captured passes by row count and attention kind (pipelined, cluster).
     graphs: HashMap<(usize, bool, bool), CudaGraph>,
     /// Row counts and attention kinds that have run eagerly once (graphs capture after that).
@@ -324,6 +325,10 @@ impl GpuRunner {
             v_cache.push(zeros_bf16(per_layer, "KV cache")?);
         }
         s.synchronize().map_err(dev_err("allocating"))?;
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+        let cluster_ok = [false, true].map(|pipelined| {
+            options.attention_cluster && attention::cluster_fits(&k, hd, group, pipelined)
+        });
         Ok(GpuRunner {
             k,
             cfg: cfg.clone(),
@@ -341,7 +346,7 @@ impl GpuRunner {
             slots,
             graphs_on: options.graphs,
             attention_pipelined: options.attention_pipelined,
-            attention_cluster: options.attention_cluster,
+            cluster_ok,
             graphs: HashMap::new(),
             seen: [[false; 4]; MAX_TOKENS + 1],
             stats: GpuStats::default(),
@@ -611,18 +616,12 @@ impl GpuRunner {
         // Splits merged in thread-block clusters where that pays and the image has the code; such
         // a graph (depth CLUSTER_SPLITS) serves every pass whose sequences fit a cluster.
         let max_splits = splits.iter().copied().max().unwrap_or(1);
-        let cluster = self.attention_cluster
+        let cluster = self.cluster_ok[usize::from(pipelined)]
             && attn_cluster(
                 self.cfg.num_key_value_heads,
                 m,
                 max_splits,
                 self.k.sm_count(),
-            )
-            && attention::cluster_fits(
-                &self.k,
-                self.cfg.head_dim,
-                self.cfg.num_attention_heads / self.cfg.num_key_value_heads.max(1),
-                pipelined,
             );
         let key = (m, pipelined, cluster);
         let kind = usize::from(pipelined) + 2 * usize::from(cluster);
