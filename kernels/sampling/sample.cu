@@ -398,10 +398,13 @@ __device__ int gather_candidates(Shared& sh, const WholeRow& row, float smax, ui
 
 // Top-k, top-p and the draw over `src` (the whole row, or its candidates: the same thresholds and
 // token, see the header); writes the token to *out. smax is the rank order's first scaled value
-// (not -inf), top_key and top_index its key and index.
+// (not -inf), top_key and top_index its key and index. Under top-k the kernel has taken the first
+// digit over the row already: the k-th ranked key's bin `bin0` and the count above it `below0`
+// (over the candidates the same: every token above the k-th ranked one is a candidate).
 template <class Src>
 __device__ void select_and_draw(Shared& sh, const Src& src, int vocab, float smax, uint32_t top_key, int top_index,
-                                uint32_t k_param, float p, uint64_t seed, uint64_t counter, int* out) {
+                                uint32_t k_param, uint32_t bin0, uint64_t below0, float p, uint64_t seed,
+                                uint64_t counter, int* out) {
     // Radix digits over the 32-bit keys, most significant first: bits 31..21, 20..10, 9..0.
     constexpr int kShift[3] = {21, 10, 0};
     constexpr int kBits[3] = {11, 11, 10};
@@ -411,11 +414,12 @@ __device__ void select_and_draw(Shared& sh, const Src& src, int vocab, float sma
     int set_index = vocab - 1;
     const uint32_t kept = k_param > 0 ? min(k_param, static_cast<uint32_t>(vocab)) : static_cast<uint32_t>(vocab);
     if (kept < static_cast<uint32_t>(src.size())) {
-        uint32_t prefix = 0;
-        uint64_t need = kept;
+        // kept < size <= vocab: top-k is on, and its first digit is known.
+        uint32_t prefix = bin0 << kShift[0];
+        uint64_t need = kept - below0;
         uint32_t ties = 0;
 #pragma unroll
-        for (int d = 0; d < 3; ++d) {
+        for (int d = 1; d < 3; ++d) {
             radix_digit<false>(sh, src, smax, prefix, kShift[d], kBits[d], 0u, vocab - 1, need);
             prefix |= sh.found_bin << kShift[d];
             need -= sh.found_below;
@@ -541,19 +545,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     // Under top-k the candidates stop at the first digit of the k-th ranked key; they are
     // gathered where that digit's bins hold at most kCandidates tokens (a flat row's crowd
     // there, or no top-k, would make the gather a wasted pass).
+    // The first digit is top-k's own first step, which then starts at the second.
     const float p = top_p[b];
     int n = kCandidates + 1;
+    uint32_t bin0 = 0;
+    uint64_t below0 = 0;
     if (k_param > 0 && k_param < static_cast<uint32_t>(vocab)) {
         radix_digit<false>(sh, row, smax, 0u, 21, 11, 0u, vocab - 1, k_param);
-        const uint32_t bin_floor = sh.found_bin;
-        if (sh.found_below + sh.found_count <= static_cast<uint64_t>(kCandidates)) {
-            n = gather_candidates(sh, row, smax, bin_floor);
-        }
+        bin0 = sh.found_bin;
+        below0 = sh.found_below;
+        if (below0 + sh.found_count <= static_cast<uint64_t>(kCandidates)) n = gather_candidates(sh, row, smax, bin0);
     }
     if (n <= kCandidates) {
-        select_and_draw(sh, CandidateSet{sh.cand_s, sh.cand_index, n}, vocab, smax, top_key, top_index, k_param, p,
-                        seed[b], counter[b], tokens + b);
+        select_and_draw(sh, CandidateSet{sh.cand_s, sh.cand_index, n}, vocab, smax, top_key, top_index, k_param, bin0,
+                        below0, p, seed[b], counter[b], tokens + b);
     } else {
-        select_and_draw(sh, row, vocab, smax, top_key, top_index, k_param, p, seed[b], counter[b], tokens + b);
+        select_and_draw(sh, row, vocab, smax, top_key, top_index, k_param, bin0, below0, p, seed[b], counter[b],
+                        tokens + b);
     }
 }

@@ -458,7 +458,9 @@ mod tests {
             }
             // Under top-k: the candidates (positive mass, the k-th ranked key's first digit or
             // above) where that digit's bins hold at most `cap` tokens.
+            // (The first digit is also top-k's first step, which starts at the second below.)
             let mut gathered = None;
+            let (mut bin0, mut below0) = (0, 0);
             if p.top_k > 0 && (p.top_k as usize) < vocab {
                 let (bin_floor, above, in_bin, _) = digit(
                     &row,
@@ -468,6 +470,7 @@ mod tests {
                     u64::from(p.top_k),
                     false,
                 );
+                (bin0, below0) = (bin_floor, above);
                 if above + in_bin <= cap as u64 {
                     let candidates: Vec<usize> = (0..vocab)
                         .filter(|&i| {
@@ -486,8 +489,9 @@ mod tests {
                 vocab
             };
             if kept < row.items.len() {
-                let (mut prefix, mut need, mut ties) = (0u32, kept as u64, 0);
-                for d in DIGITS {
+                let (mut prefix, mut need, mut ties) =
+                    (bin0 << DIGITS[0].0, kept as u64 - below0, 0);
+                for d in DIGITS.into_iter().skip(1) {
                     let (bin, below, count, _) =
                         digit(&row, prefix, d, (0, vocab - 1), need, false);
                     prefix |= bin << d.0;
