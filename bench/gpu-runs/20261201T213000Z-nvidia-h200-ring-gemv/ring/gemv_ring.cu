@@ -13,6 +13,9 @@
 // A tile's sums are added in warp order: the bits depend on the shapes and the grid, never timing.
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
+#ifdef RING_TMA_2D
+#include <cuda.h>  // CUtensorMap
+#endif
 
 namespace aot_gemv_ring {
 
@@ -24,8 +27,21 @@ constexpr int kMaxTokens = 8;
 #define RING_STAGE_K 512
 #endif
 constexpr int kStageK = RING_STAGE_K;           // elements of K a stage holds per row
+#ifdef RING_TMA_2D
+// 2-D tensor-map variant: a stage is kStageK / 256 boxes of [16 rows][256 columns], dense (the
+// tensor copy's layout without swizzle), one request a box (two of 8 rows under silu_mul).
+constexpr int kBoxCols = 256;
+constexpr int kBoxBytes = kTileRows * kBoxCols * 2;
+constexpr int kSlotBytes = (kStageK / kBoxCols) * kBoxBytes;
+static_assert(kStageK % kBoxCols == 0, "whole boxes a stage");
+__device__ __forceinline__ int stage_offset(int row, int col) {
+    return (col / kBoxCols) * kBoxBytes + row * (kBoxCols * 2) + (col % kBoxCols) * 2;
+}
+#else
 constexpr int kRowStride = kStageK * 2 + 64;    // bytes: rows 64 mod 128 apart, no bank conflicts
 constexpr int kSlotBytes = kTileRows * kRowStride;
+__device__ __forceinline__ int stage_offset(int row, int col) { return row * kRowStride + col * 2; }
+#endif
 constexpr int kMaxSlots = 8;
 constexpr int kXPad = 32;
 constexpr int kChunksPerWarp = kStageK / 32 / kCWarps;  // of a stage's 32-element chunks
@@ -52,6 +68,11 @@ struct RingParams {
     int max_tiles;                // residual: ssq groups per block
     int pad_;
     volatile int* dbg;            // debug trace (host-mapped) or null: [block][16]
+#ifdef RING_TMA_2D
+    int tiles_total;              // 16-row tiles (8 pairs under silu_mul), dealt evenly to the blocks
+    int pad2_[13];
+    CUtensorMap tmap;             // W as [rows][k], box [16 or 8 rows][256]
+#endif
 };
 
 struct Tile {
@@ -63,6 +84,19 @@ __device__ __forceinline__ int units(const RingParams& p) { return p.pair_offset
 __device__ __forceinline__ int per_tile(const RingParams& p) { return p.pair_offset > 0 ? kTileRows / 2 : kTileRows; }
 
 __device__ __forceinline__ void block_range(const RingParams& p, int& u0, int& u1, int& tiles) {
+#ifdef RING_TMA_2D
+    // Whole aligned tiles: block b takes tiles [b T / G, (b + 1) T / G).
+    {
+        const int T = per_tile(p);
+        const int64_t tt = p.tiles_total;
+        const int t0 = static_cast<int>(tt * blockIdx.x / gridDim.x);
+        const int t1 = static_cast<int>(tt * (blockIdx.x + 1) / gridDim.x);
+        u0 = t0 * T;
+        u1 = min(units(p), t1 * T);
+        tiles = t1 - t0;
+        return;
+    }
+#endif
     const int64_t u = units(p);
     u0 = static_cast<int>(u * blockIdx.x / gridDim.x);
     u1 = static_cast<int>(u * (blockIdx.x + 1) / gridDim.x);
@@ -70,11 +104,19 @@ __device__ __forceinline__ void block_range(const RingParams& p, int& u0, int& u
     tiles = (u1 - u0 + T - 1) / T;
 }
 
-__device__ __forceinline__ Tile tile_at(int u0, int u1, int tiles, int t) {
+__device__ __forceinline__ Tile tile_at(const RingParams& p, int u0, int u1, int tiles, int t) {
+#ifdef RING_TMA_2D
+    (void)tiles;
+    const int T = per_tile(p);
+    const int a = u0 + t * T;
+    return Tile{a, min(u1, a + T) - a};
+#else
+    (void)p;
     const int r = u1 - u0;
     const int a = u0 + static_cast<int>(static_cast<int64_t>(r) * t / tiles);
     const int b = u0 + static_cast<int>(static_cast<int64_t>(r) * (t + 1) / tiles);
     return Tile{a, b - a};
+#endif
 }
 
 // The weight row behind tile row r (0..15), or -1.
@@ -122,6 +164,16 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_u32(bar))
         : "memory");
 }
+
+#ifdef RING_TMA_2D
+__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+        : "memory");
+}
+#endif
 
 // The consumer warps' barrier (named barrier 1; the producer never takes part).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kCWarps * 32) : "memory"); }
@@ -220,7 +272,8 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
     const int x_stride = kNormX ? p.k + kXPad : p.ld_x;
     const size_t x_bytes = kNormX ? (static_cast<size_t>(p.m) * x_stride * 2 + 127) / 128 * 128 : 0;
     __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(dyn);
-    char* ring = dyn + x_bytes;
+    // Tensor copies want 128-byte aligned destinations (the host adds 128 bytes for this).
+    char* ring = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(dyn + x_bytes) + 127) & ~static_cast<uintptr_t>(127));
     const int S = p.slots;
 
     int u0, u1, tiles;
@@ -246,9 +299,29 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
             if (p.dbg && lane == 0) p.dbg[blockIdx.x * 16 + 0] = 2 * i;
             if (use > 0) mbar_wait(&s.empty[slot], (use - 1) & 1);
             if (p.dbg && lane == 0) p.dbg[blockIdx.x * 16 + 0] = 2 * i + 1;
-            const Tile tl = tile_at(u0, u1, tiles, i / ns);
+            const Tile tl = tile_at(p, u0, u1, tiles, i / ns);
             const int k0 = (i % ns) * kStageK;
             const int len = min(kStageK, p.k - k0);
+#ifdef RING_TMA_2D
+            // One request a box: [16 rows][256] (plain) or [8 gate rows] and [8 up rows] (pairs),
+            // full boxes counted (rows past the matrix come as zeros).
+            const int boxes = (len + kBoxCols - 1) / kBoxCols;
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&s.full[slot], boxes * kBoxBytes);
+                char* dst = ring + static_cast<size_t>(slot) * kSlotBytes;
+                for (int b = 0; b < boxes; ++b) {
+                    const int col = k0 + b * kBoxCols;
+                    if (p.pair_offset > 0) {
+                        tensor_copy(dst + b * kBoxBytes, &p.tmap, col, tl.base, &s.full[slot]);
+                        tensor_copy(dst + b * kBoxBytes + kBoxBytes / 2, &p.tmap, col, p.pair_offset + tl.base,
+                                    &s.full[slot]);
+                    } else {
+                        tensor_copy(dst + b * kBoxBytes, &p.tmap, col, tl.base, &s.full[slot]);
+                    }
+                }
+            }
+            __syncwarp();
+#else
             const int row = lane < kTileRows ? tile_row(p, tl, lane) : -1;
             const unsigned valid = __popc(__ballot_sync(0xffffffffu, row >= 0));
             if (lane == 0) mbar_arrive_expect_tx(&s.full[slot], valid * len * 2);
@@ -257,6 +330,7 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
                 bulk_copy(ring + static_cast<size_t>(slot) * kSlotBytes + lane * kRowStride,
                           p.w + static_cast<int64_t>(row) * p.k + k0, len * 2, &s.full[slot]);
             }
+#endif
         }
         return;
     }
@@ -306,7 +380,7 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
     const __nv_bfloat16* xrow = kNormX ? x_smem + g * x_stride : p.x + static_cast<int64_t>(g) * p.ld_x;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int ti = 0; ti < tiles; ++ti) {
-        const Tile tl = tile_at(u0, u1, tiles, ti);
+        const Tile tl = tile_at(p, u0, u1, tiles, ti);
         const bool lo_ok = tile_row(p, tl, g) >= 0;
         const bool hi_ok = tile_row(p, tl, g + 8) >= 0;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -333,8 +407,8 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
             for (int j = 0; j < kChunksPerWarp; ++j) {
                 const int kk = (warp * kChunksPerWarp + j) * 32 + t * 8;
                 if (kk < len) {
-                    const uint4 lo = lo_ok ? lds16(st + g * kRowStride + kk * 2) : zero;
-                    const uint4 hi = hi_ok ? lds16(st + (g + 8) * kRowStride + kk * 2) : zero;
+                    const uint4 lo = lo_ok ? lds16(st + stage_offset(g, kk)) : zero;
+                    const uint4 hi = hi_ok ? lds16(st + stage_offset(g + 8, kk)) : zero;
                     aot::mma_chunk32(acc, lo, hi, xv[j]);
                 }
             }
@@ -375,10 +449,15 @@ __device__ __forceinline__ void ring_body(const RingParams& p) {
 
 }  // namespace aot_gemv_ring
 
-extern "C" __global__ void __launch_bounds__(aot_gemv_ring::kThreads, 2) gemv_ring_bf16(const aot_gemv_ring::RingParams p) {
+#ifdef RING_TMA_2D
+#define RING_PARAM const __grid_constant__ aot_gemv_ring::RingParams p
+#else
+#define RING_PARAM const aot_gemv_ring::RingParams p
+#endif
+extern "C" __global__ void __launch_bounds__(aot_gemv_ring::kThreads, 2) gemv_ring_bf16(RING_PARAM) {
     aot_gemv_ring::ring_body<false>(p);
 }
 extern "C" __global__ void __launch_bounds__(aot_gemv_ring::kThreads, 2)
-    gemv_ring_norm_bf16(const aot_gemv_ring::RingParams p) {
+    gemv_ring_norm_bf16(RING_PARAM) {
     aot_gemv_ring::ring_body<true>(p);
 }
