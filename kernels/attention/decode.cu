@@ -11,10 +11,11 @@
 // KV head: the per-head loops then have fixed trip counts, which on the H200 took 35-40% off the
 // kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
 //
-// At head dimension 64 and 128 each warp streams its next cache block while it scores the current
-// one (pipelined). That holds two blocks' keys and values in registers (about 220 at 128: two
-// blocks an SM), which pays when the busy blocks of a launch fit in one wave; the `_np` entries
-// load a block and then score it (at most 128 registers at 128: four blocks an SM), which pays
+// At head dimension 64 and 128 each warp requests its first cache block before it prepares the
+// query, and the pipelined entries stream its next cache block while it scores the current one.
+// That holds two blocks' keys and values in registers (about 220 at 128: two blocks an SM), which
+// pays when the busy blocks of a launch fit in one wave; the `_np` entries load each later block
+// and then score it (held to 128 registers: four blocks an SM), which pays
 // when there are more (on the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us;
 // at 8 rows and 80 tokens 7.9 instead of 7.2). Both compute the same sums in the same order: the same bits.
 // `attn_pipelined` in src/ops/attention.rs picks.
@@ -272,6 +273,9 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     constexpr int kHalf = D / 2;
     constexpr int kQFloats = D + 8;          // floats per query head the host reserves (bf16 q uses half)
     constexpr bool kPrefetch = kPipelined && D <= 128;  // registers for a whole cache block up front
+    // The warp's first cache block is requested before the query's preparation at 64 and 128,
+    // pipelined or not (the unpipelined entries then score it from those registers).
+    constexpr bool kFirstEarly = D <= 128;
     extern __shared__ float smem[];
     // The query heads in bf16, [kMaxGroup][D]: the B operand of the score mma.
     __nv_bfloat16* q_b = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -332,7 +336,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int lane_blk = lane_b * kBlockTokens < t_end ? table[lane_b] : -1;
     KvRegs<D> pre;
     int64_t pre_base = 0;
-    if (kPrefetch && b0 * kBlockTokens < t_end) {
+    if (kFirstEarly && b0 * kBlockTokens < t_end) {
         const int blk = __shfl_sync(0xffffffffu, lane_blk, 0);
         if (blk < 0) __trap();
         pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
@@ -406,54 +410,35 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     }
 
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
-    for (int b = b0, it = 0; b * kBlockTokens < t_end; b += kWarps, ++it) {
-        const int n_tok = min(kBlockTokens, t_end - b * kBlockTokens);
-        KvRegs<D> cur;
-        int64_t base;
-        if (kPrefetch) {
-            cur = pre;
-            base = pre_base;
-            // The warp's next cache block streams while this one is scored.
-            const int nb = b + kWarps;
-            if (nb * kBlockTokens < t_end) {
-                const int blk = it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb];
-                if (blk < 0) __trap();
-                pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
-                load_kv<D>(p, pre_base, min(kBlockTokens, t_end - nb * kBlockTokens), pre);
-            }
-        }
-        if (kPrefetch && b == b0) {
-            // The new token's key and value were written after the prefetch: patch them in from
-            // shared memory.
-            if (b == pos / kBlockTokens) {
-                const int q = pos % kBlockTokens;
-                if (g == q || g + 8 == q) {
-                    const uint4* krow = reinterpret_cast<const uint4*>(new_kv[0] + 8 * t);
+    // The new token's key and value, written after the warp's first block was requested: patched
+    // into it from shared memory.
+    auto patch_new = [&](KvRegs<D>& cur, int b) {
+        if (b == pos / kBlockTokens) {
+            const int q = pos % kBlockTokens;
+            if (g == q || g + 8 == q) {
+                const uint4* krow = reinterpret_cast<const uint4*>(new_kv[0] + 8 * t);
 #pragma unroll
-                    for (int c = 0; c < D / 32; ++c) {
-                        const uint4 fresh = krow[4 * c];
-                        if (g == q) {
-                            cur.k[2 * c] = fresh;
-                        } else {
-                            cur.k[2 * c + 1] = fresh;
-                        }
-                    }
-                }
-                const uint4* vrow = reinterpret_cast<const uint4*>(new_kv[1] + 8 * g);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    if (v_token(t, i) == q) {  // constant indices keep the block in registers
-#pragma unroll
-                        for (int c = 0; c < D / 64; ++c) cur.v[i][c] = vrow[8 * c];
+                for (int c = 0; c < D / 32; ++c) {
+                    const uint4 fresh = krow[4 * c];
+                    if (g == q) {
+                        cur.k[2 * c] = fresh;
+                    } else {
+                        cur.k[2 * c + 1] = fresh;
                     }
                 }
             }
-        } else if (!kPrefetch) {
-            const int blk = table[b];
-            if (blk < 0) __trap();
-            base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
-            load_kv<D>(p, base, n_tok, cur);
+            const uint4* vrow = reinterpret_cast<const uint4*>(new_kv[1] + 8 * g);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (v_token(t, i) == q) {  // constant indices keep the block in registers
+#pragma unroll
+                    for (int c = 0; c < D / 64; ++c) cur.v[i][c] = vrow[8 * c];
+                }
+            }
         }
+    };
+    // Scores, online softmax and O^T += V^T P^T for one cache block of n_tok tokens.
+    auto score = [&](const KvRegs<D>& cur, int n_tok) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int c = 0; c < D / 32; ++c) aot::mma_chunk32(acc, cur.k[2 * c], cur.k[2 * c + 1], qf[c]);
@@ -503,6 +488,39 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             }
         }
         __syncwarp();
+    };
+    if constexpr (kPrefetch) {
+        for (int b = b0, it = 0; b * kBlockTokens < t_end; b += kWarps, ++it) {
+            KvRegs<D> cur = pre;
+            // The warp's next cache block streams while this one is scored.
+            const int nb = b + kWarps;
+            if (nb * kBlockTokens < t_end) {
+                const int blk = it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb];
+                if (blk < 0) __trap();
+                pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
+                load_kv<D>(p, pre_base, min(kBlockTokens, t_end - nb * kBlockTokens), pre);
+            }
+            if (b == b0) patch_new(cur, b);
+            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+        }
+    } else {
+        // One block at a time; the first, at 64 and 128, from the registers it was requested into
+        // before the query's preparation (its own scope, so that they are free for the rest).
+        int b = b0;
+        if (kFirstEarly && b * kBlockTokens < t_end) {
+            KvRegs<D> cur = pre;
+            patch_new(cur, b);
+            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+            b += kWarps;
+        }
+        for (; b * kBlockTokens < t_end; b += kWarps) {
+            const int blk = table[b];
+            if (blk < 0) __trap();
+            KvRegs<D> cur;
+            load_kv<D>(p, (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens,
+                       min(kBlockTokens, t_end - b * kBlockTokens), cur);
+            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+        }
     }
 
     // Merge the warps in order.
@@ -659,6 +677,13 @@ using namespace aot_attn_decode;
     extern "C" __global__ void __launch_bounds__(kThreads) name(const AttnDecodeParams p) { \
         attn_decode<d, g, pipelined>(p);                                                    \
     }
+// The unpipelined entries at 64 and 128, held to 128 registers: four blocks an SM, the point of
+// them (their first cache block, requested before the query's preparation, would take them to
+// 132-139 unbounded; bounded, nothing spills).
+#define AOT_ATTN_DECODE_NP(name, d, g)                                                          \
+    extern "C" __global__ void __launch_bounds__(kThreads, 4) name(const AttnDecodeParams p) { \
+        attn_decode<d, g, false>(p);                                                            \
+    }
 // The cluster entries: the kinds small launches take (pipelined at 64 and 128, and 256), which
 // is where the cluster merge pays (src/ops/attention.rs::attn_cluster).
 #define AOT_ATTN_DECODE_CL(name, d, g, pipelined)                                               \
@@ -669,18 +694,18 @@ AOT_ATTN_DECODE(attn_decode_d64, 64, 0, true)
 AOT_ATTN_DECODE(attn_decode_d64_g2, 64, 2, true)
 AOT_ATTN_DECODE(attn_decode_d64_g4, 64, 4, true)
 AOT_ATTN_DECODE(attn_decode_d64_g8, 64, 8, true)
-AOT_ATTN_DECODE(attn_decode_d64_np, 64, 0, false)
-AOT_ATTN_DECODE(attn_decode_d64_g2_np, 64, 2, false)
-AOT_ATTN_DECODE(attn_decode_d64_g4_np, 64, 4, false)
-AOT_ATTN_DECODE(attn_decode_d64_g8_np, 64, 8, false)
+AOT_ATTN_DECODE_NP(attn_decode_d64_np, 64, 0)
+AOT_ATTN_DECODE_NP(attn_decode_d64_g2_np, 64, 2)
+AOT_ATTN_DECODE_NP(attn_decode_d64_g4_np, 64, 4)
+AOT_ATTN_DECODE_NP(attn_decode_d64_g8_np, 64, 8)
 AOT_ATTN_DECODE(attn_decode_d128, 128, 0, true)
 AOT_ATTN_DECODE(attn_decode_d128_g2, 128, 2, true)
 AOT_ATTN_DECODE(attn_decode_d128_g4, 128, 4, true)
 AOT_ATTN_DECODE(attn_decode_d128_g8, 128, 8, true)
-AOT_ATTN_DECODE(attn_decode_d128_np, 128, 0, false)
-AOT_ATTN_DECODE(attn_decode_d128_g2_np, 128, 2, false)
-AOT_ATTN_DECODE(attn_decode_d128_g4_np, 128, 4, false)
-AOT_ATTN_DECODE(attn_decode_d128_g8_np, 128, 8, false)
+AOT_ATTN_DECODE_NP(attn_decode_d128_np, 128, 0)
+AOT_ATTN_DECODE_NP(attn_decode_d128_g2_np, 128, 2)
+AOT_ATTN_DECODE_NP(attn_decode_d128_g4_np, 128, 4)
+AOT_ATTN_DECODE_NP(attn_decode_d128_g8_np, 128, 8)
 AOT_ATTN_DECODE(attn_decode_d256, 256, 0, false)
 AOT_ATTN_DECODE(attn_decode_d256_g2, 256, 2, false)
 AOT_ATTN_DECODE(attn_decode_d256_g4, 256, 4, false)
@@ -698,4 +723,5 @@ AOT_ATTN_DECODE_CL(attn_decode_d256_g2, 256, 2, false)
 AOT_ATTN_DECODE_CL(attn_decode_d256_g4, 256, 4, false)
 AOT_ATTN_DECODE_CL(attn_decode_d256_g8, 256, 8, false)
 #undef AOT_ATTN_DECODE_CL
+#undef AOT_ATTN_DECODE_NP
 #undef AOT_ATTN_DECODE
