@@ -194,8 +194,8 @@ __device__ void radix_digit(Shared& sh, const Src& src, float smax, uint32_t pre
     }
     __syncthreads();
     // One load at a time: the histogram's warp-wide rounds, unrolled eight deep, made ptxas take
-    // 17 s over this module instead of 2.5 (the PTX path JIT-compiles it at first load), for
-    // passes whose time is their arithmetic, not their loads.
+    // 8.0 s over this module instead of 1.1 on the GPU machine (the PTX path JIT-compiles it at
+    // first load), for passes whose time is their arithmetic, not their loads.
     for_each<1>(src, [&](int j, float s, bool valid) {
         bool has = false;
         uint32_t bin = 0;
