@@ -67,23 +67,8 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
             fprintf(stderr, "--cluster: the cluster entries at head_dim %d are pipelined only\n", d);
             exit(2);
         }
-        void (*kernel)(AttnDecodeParams) = table_cl[di][gi];
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(floats * 4));
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(a.kv_heads, a.m, kClusterSplits);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = floats * 4;
-        cfg.stream = s;
-        cudaLaunchAttribute attr[2];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = kClusterSplits;
-        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = g_pdl ? 2 : 1;
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+        const cudaError_t e = launch(table_cl[di][gi], dim3(a.kv_heads, a.m, kClusterSplits), dim3(kThreads),
+                                     floats * 4, s, p, kClusterSplits);
         if (e != cudaSuccess) {
             fprintf(stderr, "cluster launch: %s\n", cudaGetErrorString(e));
             exit(1);
