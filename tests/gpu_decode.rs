@@ -866,6 +866,7 @@ impl AttnInputs {
                 grid_splits: grid,
                 pipelined,
                 cluster,
+                overlap_previous: true,
             },
             &mut AttnScratch {
                 ws_ml: dev_mut(kr, &mut d.ws_ml),

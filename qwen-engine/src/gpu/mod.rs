@@ -420,7 +420,8 @@ impl GpuRunner {
         )?;
         let mut ssq_groups = 1;
         // qkv and o_proj stage their first weights while the kernel before them (down or the
-        // embedding; attention) still runs, where the GPU and image allow it (GemvOptions).
+        // embedding; attention) still runs, and attention requests its first cache blocks while
+        // qkv ends, where the GPU and image allow it (GemvOptions, AttnDecode).
         let overlap = GemvOptions::overlap_previous(true);
         for (l, lw) in self.w.layers.iter().enumerate() {
             gemv_with(
@@ -469,6 +470,9 @@ impl GpuRunner {
                     grid_splits,
                     pipelined,
                     cluster,
+                    // Its first cache blocks stream while qkv ends; positions, slots and the
+                    // block table are host copies, the cache's earlier positions earlier steps'.
+                    overlap_previous: true,
                 },
                 &mut AttnScratch {
                     ws_ml: dev_mut(k, &mut b.attn_ml),

@@ -81,7 +81,7 @@ struct Layer {
 
 bool g_pdl = false;
 // As the engine under AOT_KERNELS_PDL=auto: qkv and o_proj staged and launched programmatically.
-static std::string g_pdl_ops = "qo";  // --pdl-ops: the ops launched with PDL (q a o g d l), all with --pdl
+static std::string g_pdl_ops = "qoa";  // --pdl-ops: the ops launched with PDL (q a o g d l), all with --pdl; as the engine
 static bool g_pdl_all = false;
 bool g_stage = false;
 static std::string g_stage_ops = "qo";  // --stage-ops: the GEMVs that stage their first weights (q o g d l)
