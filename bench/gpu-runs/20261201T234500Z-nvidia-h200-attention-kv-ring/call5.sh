@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# GPU call 5: the record of COMMIT's binary: the transformers peers, then the bench matrix under
-# auto and ptx-only (COMMIT is the first argument).
+# GPU call 5: the engine bench under auto, HEAD's binary (83871b5) against e856e59's, alternating,
+# three rounds, every cell; the last round's new run under auto and ptx-only is e856e59's record
+# (no peers in this call: the session's device time).
 set -uo pipefail
-O=${OUT:-/tmp/out}; J=/tmp/m; mkdir -p $J; cd "$(dirname "$0")/../../.."
-tar xJf .gpu-carry/bundle.tar.xz .gpu-bundle/qwen-decode
+O=${OUT:-/tmp/out}; J=/tmp/q; mkdir -p $J; cd "$(dirname "$0")/../../.."
+tar xJf .gpu-carry/bundle.tar.xz .gpu-bundle/qwen-decode; xz -dc .gpu-carry/qwen-decode-head.xz > /tmp/qd-head; chmod +x /tmp/qd-head
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > $J/gpu.txt
-timeout 330 python3 scripts/bench/peers.py --json-out $J/peers.json > $J/peers.log 2>&1; echo "peers rc $?"
-tail -1 $J/peers.log
-timeout 240 .gpu-bundle/qwen-decode bench --model qwen3-4b --policy auto,ptx-only --peers $J/peers.json --git-commit "$1" \
-  --out $J/results > $J/bench.log 2>&1; echo "bench rc $?"
-grep -A14 "^| cell" $J/bench.log
-grep -E "^\[(auto|ptx-only)\] i" $J/bench.log | grep -oE "i[0-9]+ +c[0-9]+.*prefill [0-9.]+ ms \([0-9]+ TFLOP/s\)" | sed -E 's/TPOT.*prefill/prefill/'
-grep -iE "cold|load" $J/bench.log | head -6
+for r in 1 2 3; do for v in head new; do
+  b=.gpu-bundle/qwen-decode; pol=auto; extra=; [ $v = head ] && b=/tmp/qd-head
+  [ $v = new ] && [ $r = 3 ] && { pol=auto,ptx-only; extra="--git-commit e856e59"; }
+  timeout 150 $b bench --model qwen3-4b --policy $pol --new-tokens 128 $extra --out $J/res-$v-$r > $J/bench-$v-$r.log 2>&1
+  echo "bench $v round $r rc $?"; grep -E "^\[(auto|ptx-only)\] i" $J/bench-$v-$r.log | cut -c1-60
+done; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $J/gpu.txt
 tar cf "$O/call5.tar" -C $J .
