@@ -840,6 +840,7 @@ impl AttnInputs {
         grid: usize,
         pipelined: bool,
         cluster: bool,
+        overlap_previous: bool,
     ) {
         attention_decode(
             kr,
@@ -866,7 +867,7 @@ impl AttnInputs {
                 grid_splits: grid,
                 pipelined,
                 cluster,
-                overlap_previous: true,
+                overlap_previous,
             },
             &mut AttnScratch {
                 ws_ml: dev_mut(kr, &mut d.ws_ml),
@@ -899,7 +900,9 @@ impl AttnInputs {
     ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
         let s = kr.stream();
         let mut d = self.upload(kr, rows);
-        self.launch(kr, &mut d, grid, pipelined, cluster);
+        // Programmatic where the image allows it, the cache read before the wait, as the engine
+        // launches it (after a copy here, so nothing overlaps).
+        self.launch(kr, &mut d, grid, pipelined, cluster, true);
         assert!(
             s.clone_dtoh(&d.counters).unwrap().iter().all(|&c| c == 0),
             "merge counters left non-zero"
@@ -1276,7 +1279,9 @@ fn gpu_attention_decode_timings() {
         let grid = attn_splits(ctx).0;
         let rows: Vec<usize> = (0..m).collect();
         let mut dv = inp.upload(&kr, &rows);
-        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined, false);
+        // Not overlapped: back to back, each launch would overlap the one before it and the
+        // figures would not be one launch's.
+        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined, false, false);
         let mut out = ();
         for _ in 0..5 {
             launch(&mut out);

@@ -12,8 +12,9 @@
 // kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
 //
 // At head dimension 64 and 128 each warp requests its first cache block before it prepares the
-// query, and before it waits for the qkv projection under programmatic dependent launch (so that
-// the block streams while that kernel ends: on the H200 the step 0.8-3.1% shorter); the
+// query, and, launched programmatically where the caller allows it (`cache_before_wait`), before
+// it waits for the qkv projection (so that the block streams while that kernel ends: on the H200
+// the step 0.8-3.1% shorter); the
 // pipelined entries stream its next cache block while it scores the current one.
 // That holds two blocks' keys and values in registers (about 220 at 128: two blocks an SM), which
 // pays when the busy blocks of a launch fit in one wave; the `_np` entries load each later block
@@ -85,11 +86,12 @@ struct AttnDecodeParams {
     float scale;                   // 1/sqrt(d)
     float eps;
     float norm_offset;             // 0: w, 1: (1 + w)
-    // 1 when launched with programmatic dependent launch: the warps request their first cache
-    // blocks before the wait for qkv, and the query after it; 0: the query first, its round trip
-    // ahead of the cache blocks' (on the H200 without programmatic launch the other order cost
-    // 0.3-1.3% of the engine's decode).
-    int programmatic;
+    // 1 (set only for a programmatic launch whose caller allows it, AttnDecode::overlap_previous):
+    // the warps read the block table and request their first cache blocks before the wait for
+    // qkv, and the query after it; 0: the query first, its round trip ahead of the cache blocks'
+    // (on the H200 without programmatic launch the other order cost 0.3-1.3% of the engine's
+    // decode).
+    int cache_before_wait;
 };
 
 // One head of the new token: lane holds dims j = lane + 32 i and j + d/2, i < d/64, as raw values
@@ -298,9 +300,10 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     const int row = blockIdx.y;
     const int split = blockIdx.z;
     const int group = G > 0 ? G : p.q_heads / p.kv_heads;
-    // Positions, slots and the block table are the host's (copied before the step), and the
-    // cache's earlier positions earlier steps', never the kernel just before's: they may be read
-    // before pdl_wait (src/ops/attention.rs, AttnDecode::overlap_previous, states the contract).
+    // Positions and slots are the host's (copied before the step), never written by a kernel that
+    // may still be running: they may be read before pdl_wait; so may the block table and the
+    // cache's earlier positions with cache_before_wait (src/ops/attention.rs, AttnDecode::slot_of_row
+    // and AttnDecode::overlap_previous, state the contracts).
     const int pos = p.positions[row];
     const int slot = p.slot_of_row[row];
     const int ctx = pos + 1;
@@ -324,8 +327,8 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
 
     // The raw values of this warp's first query head and, in warps 0 and 1 of the split holding
     // the new position, of the new key or value, after the wait for the qkv projection that wrote
-    // them: requested before the cache block below, or, launched programmatically, after it
-    // (which the wait then follows); either way the two round trips overlap.
+    // them: requested before the cache block below, or, with cache_before_wait, after it (which
+    // the wait then follows); either way the two round trips overlap.
     const bool writer = split == sp.count - 1 && warp < 2;
     float q_first[D / 32], kv_new[D / 32];
     int new_blk = 0;
@@ -335,12 +338,12 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         if (writer) head_load<D>(raw + (p.q_heads + (warp == 0 ? 0 : p.kv_heads) + kvh) * D, kv_new);
         new_blk = writer ? table[pos / kBlockTokens] : 0;
     };
-    if (!p.programmatic) load_new();
+    if (!p.cache_before_wait) load_new();
 
     // This warp's first cache block, requested before the query's preparation so that its latency
-    // overlaps it, and launched programmatically, before the wait (the cache's earlier positions
-    // and the block table are no earlier kernel's; the new token's key and value, which this
-    // kernel writes, are patched in below).
+    // overlaps it, and with cache_before_wait, before the wait (the cache's earlier positions and
+    // the block table are then written by no kernel that may still be running; the new token's
+    // key and value, which this kernel writes, are patched in below).
     const int b0 = t_begin / kBlockTokens + warp;
     // Lane j holds the cache block of this warp's iteration j (blocks b0 + 4 j): one round trip
     // for the whole table slice instead of one before every block.
@@ -355,7 +358,7 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         load_kv<D>(p, pre_base, min(kBlockTokens, t_end - b0 * kBlockTokens), pre);
     }
 
-    if (p.programmatic) load_new();
+    if (p.cache_before_wait) load_new();
 
     // Query heads of this KV head (warp w builds heads w, w + 4), normed and rotated; bf16 as the
     // model rounds them, so storing them as bf16 loses nothing.

@@ -95,9 +95,9 @@ struct AttnDecodeParams {
     scale: f32,
     eps: f32,
     norm_offset: f32,
-    /// 1: launched programmatically (the kernel then requests its first cache blocks before it
-    /// waits, and the query after).
-    programmatic: i32,
+    /// 1: the block table and the warps' first cache blocks are read before the kernel's wait,
+    /// the query after (a programmatic launch with [`AttnDecode::overlap_previous`]).
+    cache_before_wait: i32,
 }
 
 // SAFETY: plain `repr(C)` data, laid out as the kernel's struct.
@@ -254,9 +254,10 @@ pub struct AttnDecode<'a> {
     pub v_cache: DevMut<'a, bf16>,
     pub block_table: DevRef<'a, i32>,
     pub ld_bt: usize,
-    /// `[m]`: each row's block-table row. Read before the kernel waits for the one before it
-    /// under programmatic dependent launch, like `positions` and `block_table` (see
-    /// [`AttnDecode::overlap_previous`]).
+    /// `[m]`: each row's block-table row. Like `positions`, read before the kernel waits for the
+    /// one before it under programmatic dependent launch (with or without
+    /// [`AttnDecode::overlap_previous`]): both must come from the host or from a kernel followed
+    /// by at least one launch that is not programmatic.
     pub slot_of_row: DevRef<'a, i32>,
     /// `[m]`: the new token's position; the row attends to positions `0..=pos`.
     pub positions: DevRef<'a, i32>,
@@ -276,16 +277,18 @@ pub struct AttnDecode<'a> {
     pub cluster: bool,
     /// Let the launch overlap the end of the kernel before it (programmatic dependent launch,
     /// where [`LoadedKernels::overlap_launch`] allows it: an sm_90+ image on Hopper or later with a
-    /// 12.3+ driver, and `AOT_KERNELS_PDL` not `off`; under `all` every launch is programmatic).
-    /// Before its wait each block reads `positions`, `slot_of_row`, `block_table` and its warps'
-    /// first cache blocks (the cache at positions before the new one); `qkv` is read after it.
-    /// Same bits either way.
+    /// 12.3+ driver, and `AOT_KERNELS_PDL` not `off`). Before its wait each block then reads
+    /// `block_table` and, at head dimensions 64 and 128, its warps' first cache blocks (the cache
+    /// at positions before the new one), besides `positions` and `slot_of_row`; `qkv` is read
+    /// after it. Without this option a launch may still be programmatic (every one under
+    /// `AOT_KERNELS_PDL=all`), but then only `positions` and `slot_of_row` are read before the
+    /// wait. Same bits either way.
     ///
     /// Contract: no kernel enqueued earlier on the stream that may still be running writes
-    /// `positions`, `slot_of_row`, `block_table` or this layer's cache at the rows' earlier
-    /// positions. With programmatic launch that includes kernels two or more launches back (the
-    /// kernels before may let their successors start early): copy those inputs from the host, or
-    /// write them with a kernel that is followed by at least one launch without this option.
+    /// `block_table` or this layer's cache at the rows' earlier positions. With programmatic
+    /// launch that includes kernels two or more launches back (each GEMV and attention launch lets
+    /// the next start early): copy those inputs from the host, or write them with a kernel
+    /// followed by at least one launch that is not programmatic.
     ///
     /// Measured on the H200 (decode-chain, `bench/gpu-runs/20261201T234500Z-…-attention-kv-ring/`):
     /// the step 0.8% shorter at eight rows and 1088 tokens of context, 1.2-3.1% at one and eight
@@ -431,7 +434,7 @@ pub fn attention_decode(
         scale: 1.0 / (d as f32).sqrt(),
         eps: a.eps,
         norm_offset: a.weight_offset,
-        programmatic: i32::from(programmatic),
+        cache_before_wait: i32::from(a.overlap_previous && programmatic),
     };
     let cfg = LaunchConfig {
         grid_dim: (

@@ -38,7 +38,7 @@ void launch_attn(const AttnArgs& a, cudaStream_t s) {
     p.scale = 1.0f / sqrtf(static_cast<float>(a.head_dim));
     p.eps = a.eps;
     p.norm_offset = 0.0f;
-    p.programmatic = g_pdl ? 1 : 0;  // launch() below reads the same flag
+    p.cache_before_wait = g_pdl ? 1 : 0;  // as the engine: its programmatic attention opts in
     const int d = a.head_dim;
     if (d != 64 && d != 128 && d != 256) {
         fprintf(stderr, "head_dim %d: the decode attention kernels are built for 64, 128 and 256\n", d);

@@ -80,7 +80,8 @@ struct Layer {
 };
 
 bool g_pdl = false;
-// As the engine under AOT_KERNELS_PDL=auto: qkv and o_proj staged and launched programmatically.
+// As the engine under AOT_KERNELS_PDL=auto: qkv and o_proj staged and launched programmatically,
+// and attention launched programmatically with its first cache blocks read before its wait.
 static std::string g_pdl_ops = "qoa";  // --pdl-ops: the ops launched with PDL (q a o g d l), all with --pdl; as the engine
 static bool g_pdl_all = false;
 bool g_stage = false;
