@@ -14,8 +14,8 @@
 // At head dimension 64 and 128 each warp requests its first cache block before it prepares the
 // query, and, launched programmatically where the caller allows it (`cache_before_wait`), before
 // it waits for the qkv projection (so that the block streams while that kernel ends: on the H200
-// the step 0.8-3.1% shorter); the
-// pipelined entries stream its next cache block while it scores the current one.
+// the step 0.8-3.1% shorter); the pipelined entries stream its next cache block while it scores
+// the current one.
 // That holds two blocks' keys and values in registers (about 220 at 128: two blocks an SM), which
 // pays when the busy blocks of a launch fit in one wave; the `_np` entries load each later block
 // and then score it (held to 128 registers: four blocks an SM), which pays
@@ -349,14 +349,15 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     // for the whole table slice instead of one before every block.
     const int lane_b = b0 + (threadIdx.x & 31) * kWarps;
     const int lane_blk = lane_b * kBlockTokens < t_end ? table[lane_b] : -1;
-    KvRegs<D> pre;
-    int64_t pre_base = 0;
-    if (kFirstEarly && b0 * kBlockTokens < t_end) {
-        const int blk = __shfl_sync(0xffffffffu, lane_blk, 0);
+    // The tokens of the split's cache block b, and its load from cache block `blk` (a negative
+    // id, a hole in the table, traps).
+    auto block_tokens = [&](int b) { return min(kBlockTokens, t_end - b * kBlockTokens); };
+    auto load_block = [&](int blk, int b, KvRegs<D>& r) {
         if (blk < 0) __trap();
-        pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
-        load_kv<D>(p, pre_base, min(kBlockTokens, t_end - b0 * kBlockTokens), pre);
-    }
+        load_kv<D>(p, (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens, block_tokens(b), r);
+    };
+    KvRegs<D> pre;
+    if (kFirstEarly && b0 * kBlockTokens < t_end) load_block(__shfl_sync(0xffffffffu, lane_blk, 0), b0, pre);
 
     if (p.cache_before_wait) load_new();
 
@@ -512,13 +513,10 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
             // The warp's next cache block streams while this one is scored.
             const int nb = b + kWarps;
             if (nb * kBlockTokens < t_end) {
-                const int blk = it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb];
-                if (blk < 0) __trap();
-                pre_base = (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens;
-                load_kv<D>(p, pre_base, min(kBlockTokens, t_end - nb * kBlockTokens), pre);
+                load_block(it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb], nb, pre);
             }
             if (b == b0) patch_new(cur, b);
-            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+            score(cur, block_tokens(b));
         }
     } else {
         // One block at a time; the first, at 64 and 128, from the registers it was requested into
@@ -527,16 +525,13 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         if (kFirstEarly && b * kBlockTokens < t_end) {
             KvRegs<D> cur = pre;
             patch_new(cur, b);
-            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+            score(cur, block_tokens(b));
             b += kWarps;
         }
         for (; b * kBlockTokens < t_end; b += kWarps) {
-            const int blk = table[b];
-            if (blk < 0) __trap();
             KvRegs<D> cur;
-            load_kv<D>(p, (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens,
-                       min(kBlockTokens, t_end - b * kBlockTokens), cur);
-            score(cur, min(kBlockTokens, t_end - b * kBlockTokens));
+            load_block(table[b], b, cur);
+            score(cur, block_tokens(b));
         }
     }
 

@@ -409,8 +409,10 @@ pub fn attention_decode(
     check_aligned(op, "ws_ml", scratch.ws_ml.addr(), 8)?;
     check_view(op, "ws_o", scratch.ws_o.len(), &[o])?;
     check_view(op, "counters", scratch.counters.len(), &[counters])?;
-    let programmatic =
-        (a.overlap_previous && kernels.overlap_launch(MODULE)) || kernels.programmatic_launch(MODULE);
+    // The block table and the first cache blocks are read before the wait where the caller allows
+    // it; the launch is programmatic then, or under `AOT_KERNELS_PDL=all`.
+    let cache_before_wait = a.overlap_previous && kernels.overlap_launch(MODULE);
+    let programmatic = cache_before_wait || kernels.programmatic_launch(MODULE);
     let p = AttnDecodeParams {
         qkv: a.qkv.addr(),
         q_norm: a.q_norm.addr(),
@@ -434,7 +436,7 @@ pub fn attention_decode(
         scale: 1.0 / (d as f32).sqrt(),
         eps: a.eps,
         norm_offset: a.weight_offset,
-        cache_before_wait: i32::from(a.overlap_previous && programmatic),
+        cache_before_wait: i32::from(cache_before_wait),
     };
     let cfg = LaunchConfig {
         grid_dim: (
