@@ -13,7 +13,7 @@ use aot_kernels::ops::sampling::{
     sample_candidates, sample_reference, sample_tokens, DeviceSamplingParams, LogitsShape,
     SamplingParams, SAMPLE_CANDIDATES,
 };
-use aot_kernels::ops::{dev_mut, OpsError};
+use aot_kernels::ops::{dev, dev_mut, OpsError};
 use gpu_common::{device, load_auto, load_both_paths, time_ms};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -186,11 +186,11 @@ fn run(k: &LoadedKernels, b: &Batch) -> Vec<i32> {
     let counter = s.clone_htod(&b.counters).unwrap();
     let mut tokens = s.alloc_zeros::<i32>(b.shape.rows).unwrap();
     let p = DeviceSamplingParams {
-        temperature: &temperature,
-        top_k: &top_k,
-        top_p: &top_p,
-        seed: &seed,
-        counter: &counter,
+        temperature: dev(k, &temperature),
+        top_k: dev(k, &top_k),
+        top_p: dev(k, &top_p),
+        seed: dev(k, &seed),
+        counter: dev(k, &counter),
     };
     sample_tokens(k, &mut tokens, &logits, &b.shape, &p).unwrap();
     s.clone_dtoh(&tokens).unwrap()
@@ -311,11 +311,11 @@ fn gpu_sampling_timings() {
         let top_k = s.clone_htod(&[kk; 8]).unwrap();
         let top_p = s.clone_htod(&[pp; 8]).unwrap();
         let p = DeviceSamplingParams {
-            temperature: &temperature,
-            top_k: &top_k,
-            top_p: &top_p,
-            seed: &seed,
-            counter: &counter,
+            temperature: dev(&k, &temperature),
+            top_k: dev(&k, &top_k),
+            top_p: dev(&k, &top_p),
+            seed: dev(&k, &seed),
+            counter: dev(&k, &counter),
         };
         let ms = time_ms(&k, 20, || {
             sample_tokens(&k, &mut tokens, &logits, &shape, &p).unwrap()
@@ -400,11 +400,11 @@ fn gpu_sampling_refuses_bad_shapes() {
     let short = s.alloc_zeros::<u64>(1).unwrap();
     let mut tokens = s.alloc_zeros::<i32>(2).unwrap();
     let ok = DeviceSamplingParams {
-        temperature: &f,
-        top_k: &u,
-        top_p: &f,
-        seed: &w,
-        counter: &w,
+        temperature: dev(&k, &f),
+        top_k: dev(&k, &u),
+        top_p: dev(&k, &f),
+        seed: dev(&k, &w),
+        counter: dev(&k, &w),
     };
     let shape = |rows, vocab, row_stride| LogitsShape {
         rows,
@@ -442,7 +442,7 @@ fn gpu_sampling_refuses_bad_shapes() {
         &logits,
         &shape(2, 50, 50),
         &DeviceSamplingParams {
-            counter: &short,
+            counter: dev(&k, &short),
             ..ok
         },
     ));

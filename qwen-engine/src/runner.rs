@@ -36,6 +36,10 @@ pub struct SeqStep<'a> {
     /// Prompt tokens (any chunk of the prompt, however short) rather than a generated token:
     /// runners must compute prompt tokens the same way whatever the chunking.
     pub prefill: bool,
+    /// The sequence runs again in the next step (it has tokens left to generate after this
+    /// step's), unless it samples an end-of-sequence token that stops it. A hint: a runner may
+    /// start the next step's work early on it, and must still compute exactly the plan it gets.
+    pub continues: bool,
 }
 
 impl SeqStep<'_> {

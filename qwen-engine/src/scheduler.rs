@@ -137,6 +137,8 @@ pub struct Scheduled {
     pub sample: Option<SampleRequest>,
     /// A chunk of the prompt (not a generated token).
     pub prefill: bool,
+    /// The request runs again next step unless it samples end-of-sequence ([`SeqStep::continues`]).
+    pub continues: bool,
 }
 
 impl Scheduler {
@@ -242,6 +244,8 @@ impl Scheduler {
                     start_pos: a.prefilled,
                     sample: last.then(|| a.sample_request(0)),
                     prefill: true,
+                    // After its last chunk the request generates on, unless one token is all.
+                    continues: !last || a.spec.max_new_tokens > 1,
                 });
             } else {
                 let token = *a
@@ -254,6 +258,8 @@ impl Scheduler {
                     start_pos: a.spec.prompt.len() + a.generated.len() - 1,
                     sample: Some(a.sample_request(a.generated.len() as u64)),
                     prefill: false,
+                    // This step's token is not its last.
+                    continues: a.generated.len() + 1 < a.spec.max_new_tokens,
                 });
             }
         }
@@ -272,6 +278,7 @@ impl Scheduler {
                     blocks: self.blocks(s.slot).unwrap_or(&[]),
                     sample: s.sample,
                     prefill: s.prefill,
+                    continues: s.continues,
                 })
                 .collect(),
             want_logits,
@@ -418,6 +425,38 @@ mod tests {
         );
         assert_eq!((s.active(), s.free_blocks()), (0, 10));
         assert!(s.blocks(slot).is_none());
+    }
+
+    #[test]
+    fn every_step_says_whether_its_sequence_runs_again() {
+        let mut s = Scheduler::new(limits(), vec![]);
+        s.submit(spec(&[1, 2, 3, 4, 5, 6], 3)).unwrap();
+        s.submit(spec(&[1, 2], 1)).unwrap();
+        let mut seen = Vec::new();
+        while s.active() > 0 {
+            let step = s.schedule();
+            seen.push(
+                step.iter()
+                    .map(|x| (x.slot, x.prefill, x.continues))
+                    .collect::<Vec<_>>(),
+            );
+            let out = StepOutput {
+                tokens: step.iter().map(|x| x.sample.map(|_| 9)).collect(),
+                logits: vec![],
+            };
+            s.commit(&step, &out);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                // A prompt chunk goes on; the one-token request ends with its prompt's last chunk.
+                vec![(0, true, true), (1, true, false)],
+                // The last chunk, then two generated tokens fed back: the second is the last.
+                vec![(0, true, true)],
+                vec![(0, false, true)],
+                vec![(0, false, false)],
+            ]
+        );
     }
 
     #[test]

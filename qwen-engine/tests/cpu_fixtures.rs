@@ -162,6 +162,7 @@ fn plan_errors_name_the_slot_and_the_problem() {
         blocks,
         sample: None,
         prefill: true,
+        continues: false,
     };
     let cases: Vec<(Vec<SeqStep>, &str)> = vec![
         (vec![step(9, &[1], 0, &[0])], "slot 9 does not exist"),

@@ -97,6 +97,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                 blocks: &blocks,
                 sample: None,
                 prefill: true,
+                continues: false,
             },
             SeqStep {
                 slot: 1,
@@ -109,6 +110,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                     counter: 0,
                 }),
                 prefill: true,
+                continues: false,
             },
         ],
         want_logits,

@@ -13,11 +13,14 @@
 mod common;
 
 use aot_kernels::dispatch::{Policy, ToolchainChoice};
+use aot_kernels::ops::sampling::SamplingParams;
 use common::driver::{run, Generation, Request};
 use common::fixtures::{self, Fixture};
 use qwen_engine::config::Qwen3Config;
+use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
-use qwen_engine::runner::Runner;
+use qwen_engine::runner::{Runner, SampleRequest, SeqStep, StepPlan};
+use qwen_engine::scheduler::{Event, FinishReason, RequestSpec};
 use qwen_engine::weights::Weights;
 
 /// The GPU's largest relative teacher-forced difference from float32 may be this many times
@@ -39,6 +42,7 @@ fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) 
         prefill_tokens: qwen_engine::gpu::prefill::PREFILL_TOKENS,
         attention_pipelined: None,
         attention_cluster: true,
+        decode_ahead: true,
     }
 }
 
@@ -294,4 +298,189 @@ fn gpu_qwen3_4b_synthetic_same_tokens_with_and_without_graphs_and_under_both_pol
             }
         }
     }
+}
+
+/// Every step's events of an engine serving three requests of different lengths and sampling
+/// settings, the third submitted while the first two decode, with `eos` as the model's
+/// end-of-sequence tokens; and the runner's statistics.
+fn serve(
+    config: &Qwen3Config,
+    weights: &Weights,
+    eos: &[u32],
+    ahead: bool,
+) -> (Vec<Vec<Event>>, serde_json::Value) {
+    let config = Qwen3Config {
+        eos_token_ids: eos.to_vec(),
+        ..config.clone()
+    };
+    let runner = gpu_runner(
+        &config,
+        weights,
+        &GpuOptions {
+            decode_ahead: ahead,
+            ..options(Policy::Auto, ToolchainChoice::Newest, true, 256 << 20)
+        },
+    );
+    let mut engine = Engine::new(Box::new(runner), &config, EngineOptions::for_model(&config));
+    let vocab = config.vocab_size as u32;
+    let prompt = |n: u32, salt: u32| {
+        (0..n)
+            .map(|t| (t * 7919 + salt * 104_729) % vocab)
+            .collect::<Vec<u32>>()
+    };
+    let spec = |prompt: Vec<u32>, new, sampling, seed| RequestSpec {
+        prompt,
+        max_new_tokens: new,
+        sampling,
+        seed,
+        stop_at_eos: true,
+    };
+    let warm = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 1.0,
+    };
+    engine.submit(spec(prompt(5, 1), 40, warm, 1)).unwrap();
+    engine
+        .submit(spec(prompt(12, 2), 25, SamplingParams::GREEDY, 2))
+        .unwrap();
+    let mut steps = Vec::new();
+    while !engine.is_idle() {
+        if steps.len() == 6 {
+            let nucleus = SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.9,
+            };
+            engine.submit(spec(prompt(3, 3), 30, nucleus, 3)).unwrap();
+        }
+        steps.push(engine.step().unwrap());
+    }
+    (steps, engine.runner().report()["stats"].clone())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_decode_ahead_gives_the_events_of_waiting_for_every_pass() {
+    let f = fixtures::by_name("hd128-gqa2-untied");
+    let (config, weights) = f.load_model();
+    // An end-of-sequence token the first request samples partway (found without one, and the
+    // same run says which: until it stops, the runs are the same).
+    let (free, _) = serve(&config, &weights, &[], false);
+    let first: Vec<u32> = free
+        .iter()
+        .flatten()
+        .filter_map(|e| match e {
+            Event::Token { id, token, .. } if id.0 == 0 => Some(*token),
+            _ => None,
+        })
+        .collect();
+    // Its first new token from the ninth on: the first request then stops exactly there, well
+    // after the third request has joined.
+    let eos = (8..first.len())
+        .map(|i| first[i])
+        .find(|t| !first[..8].contains(t))
+        .expect("the first request samples a new token after its eighth");
+    let (wait, wait_stats) = serve(&config, &weights, &[eos], false);
+    let (ahead, stats) = serve(&config, &weights, &[eos], true);
+    eprintln!("decode ahead: {stats}; waiting: {wait_stats}");
+    assert_eq!(ahead.len(), wait.len(), "the number of steps differs");
+    for (i, (a, w)) in ahead.iter().zip(&wait).enumerate() {
+        assert_eq!(a, w, "step {i}: the events differ with decode ahead");
+    }
+    // The first request stopped at the token while the others went on: the pass queued ahead
+    // of that step served the others (partly adopted).
+    let eos_stop = ahead
+        .iter()
+        .position(|e| {
+            e.iter().any(|e| {
+                matches!(
+                    e,
+                    Event::Finished {
+                        reason: FinishReason::Eos,
+                        ..
+                    }
+                )
+            })
+        })
+        .expect("a request stops at end-of-sequence");
+    assert!(eos_stop + 1 < ahead.len(), "others decode after the stop");
+    let n = |k: &str| stats[k].as_u64().unwrap();
+    assert!(n("ahead_adopted") > 10, "{stats}");
+    assert!(n("ahead_partial") >= 1, "{stats}");
+    assert!(n("ahead_passes") >= n("ahead_adopted"), "{stats}");
+    assert_eq!(wait_stats["ahead_passes"].as_u64(), Some(0));
+    // Every decode pass queued ahead and adopted is one the waiting engine ran itself.
+    assert_eq!(
+        n("passes") - (n("ahead_passes") - n("ahead_adopted")),
+        wait_stats["passes"].as_u64().unwrap(),
+        "{stats} against {wait_stats}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_a_pass_queued_ahead_serves_only_the_plan_it_computed() {
+    let f = fixtures::by_name("hd64-gqa4-tied");
+    let (config, weights) = f.load_model();
+    let vocab = config.vocab_size as u32;
+    let prompt: Vec<u32> = (0..9).map(|t| (t * 31 + 5) % vocab).collect();
+    let blocks: Vec<u32> = (0..4).collect();
+    let greedy = |counter| SampleRequest {
+        params: SamplingParams::GREEDY,
+        seed: 0,
+        counter,
+    };
+    // One request driven by hand: its prompt, two tokens fed back, a token of the caller's
+    // (not the one sampled: the pass queued ahead must be dropped), then two fed back again.
+    let drive = |ahead: bool| {
+        let mut runner = gpu_runner(
+            &config,
+            &weights,
+            &GpuOptions {
+                decode_ahead: ahead,
+                ..options(Policy::Auto, ToolchainChoice::Newest, true, 64 << 20)
+            },
+        );
+        let mut step = |tokens: &[u32], pos: usize, counter, prefill, want_logits| {
+            let out = runner
+                .step(&StepPlan {
+                    seqs: vec![SeqStep {
+                        slot: 0,
+                        tokens,
+                        start_pos: pos,
+                        blocks: &blocks,
+                        sample: Some(greedy(counter)),
+                        prefill,
+                        continues: true,
+                    }],
+                    want_logits,
+                })
+                .unwrap();
+            (out.tokens[0].unwrap(), out.logits[0].clone())
+        };
+        let p = prompt.len();
+        let (t0, _) = step(&prompt, 0, 0, true, false);
+        let (t1, _) = step(&[t0], p, 1, false, false);
+        let forced = (t1 + 1) % vocab;
+        let (t2, l2) = step(&[forced], p + 1, 2, false, true);
+        let (t3, _) = step(&[t2], p + 2, 3, false, false);
+        let (t4, l4) = step(&[t3], p + 3, 4, false, true);
+        (vec![t0, t1, t2, t3, t4], l2, l4, runner.stats())
+    };
+    let (wait, wl2, wl4, _) = drive(false);
+    let (ahead, al2, al4, stats) = drive(true);
+    eprintln!("tokens {ahead:?}; {stats:?}");
+    assert_eq!(ahead, wait, "decode ahead changed the tokens");
+    assert_eq!(
+        al2, wl2,
+        "the step after a token of the caller's: its logits differ"
+    );
+    assert_eq!(al4, wl4, "the adopted step's logits differ");
+    // Queued ahead after the second and the fourth step; the fifth used its pass, the third not.
+    assert_eq!(
+        (stats.ahead_passes, stats.ahead_adopted),
+        (2, 1),
+        "{stats:?}"
+    );
 }

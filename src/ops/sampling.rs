@@ -26,7 +26,9 @@
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use serde::{Deserialize, Serialize};
 
-use super::launch::{check_len, check_rows, grid_dim, launch, to_i32, Arg, OpsError, MAX_GRID_X};
+use super::launch::{
+    check_len, check_rows, check_view, grid_dim, launch, to_i32, Arg, DevRef, OpsError, MAX_GRID_X,
+};
 use super::random::random_u24;
 use crate::dispatch::LoadedKernels;
 
@@ -272,14 +274,15 @@ pub struct LogitsShape {
 }
 
 /// Per-row sampling parameters on the device, one value per row each ([`SamplingParams`] split
-/// into arrays, plus the row's seed and counter).
+/// into arrays, plus the row's seed and counter). Views, so that they may live side by side in
+/// one allocation that a single copy fills (the decode engine uploads a pass's inputs that way).
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceSamplingParams<'a> {
-    pub temperature: &'a CudaSlice<f32>,
-    pub top_k: &'a CudaSlice<u32>,
-    pub top_p: &'a CudaSlice<f32>,
-    pub seed: &'a CudaSlice<u64>,
-    pub counter: &'a CudaSlice<u64>,
+    pub temperature: DevRef<'a, f32>,
+    pub top_k: DevRef<'a, u32>,
+    pub top_p: DevRef<'a, f32>,
+    pub seed: DevRef<'a, u64>,
+    pub counter: DevRef<'a, u64>,
 }
 
 /// `tokens[r] = sample_reference(logits row r, params of row r, seed[r], counter[r])` on the GPU,
@@ -310,11 +313,11 @@ pub fn sample_tokens(
         shape.row_stride,
     )?;
     check_len(op, "tokens", tokens, &[shape.rows])?;
-    check_len(op, "temperature", params.temperature, &[shape.rows])?;
-    check_len(op, "top_k", params.top_k, &[shape.rows])?;
-    check_len(op, "top_p", params.top_p, &[shape.rows])?;
-    check_len(op, "seed", params.seed, &[shape.rows])?;
-    check_len(op, "counter", params.counter, &[shape.rows])?;
+    check_view(op, "temperature", params.temperature.len(), &[shape.rows])?;
+    check_view(op, "top_k", params.top_k.len(), &[shape.rows])?;
+    check_view(op, "top_p", params.top_p.len(), &[shape.rows])?;
+    check_view(op, "seed", params.seed.len(), &[shape.rows])?;
+    check_view(op, "counter", params.counter.len(), &[shape.rows])?;
     let cfg = LaunchConfig {
         grid_dim: (grid_dim(op, "rows", shape.rows, MAX_GRID_X)?, 1, 1),
         block_dim: (SAMPLE_THREADS, 1, 1),
@@ -331,11 +334,12 @@ pub fn sample_tokens(
             Arg::InF32(logits),
             Arg::I32(to_i32(op, "vocab", shape.vocab)?),
             Arg::I32(to_i32(op, "row_stride", shape.row_stride)?),
-            Arg::InF32(params.temperature),
-            Arg::InU32(params.top_k),
-            Arg::InF32(params.top_p),
-            Arg::InU64(params.seed),
-            Arg::InU64(params.counter),
+            // The parameters' addresses, checked above (the kernel takes pointers).
+            Arg::U64(params.temperature.addr()),
+            Arg::U64(params.top_k.addr()),
+            Arg::U64(params.top_p.addr()),
+            Arg::U64(params.seed.addr()),
+            Arg::U64(params.counter.addr()),
         ],
     )
 }

@@ -16,18 +16,21 @@
 //! then `lm_head` (with the final norm) and sampling. Every row's result depends on that row
 //! alone (kernels never mix rows), so a request computes the same bits alone or in a batch, and a
 //! prompt the same bits however it is chunked. Passes of a given row count replay a CUDA graph
-//! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens.
+//! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens,
+//! and by then the runner has queued the likely next pass (see [`ahead`]), so the GPU does not wait
+//! for the host between steps.
 
+mod ahead;
 pub mod graphs;
+mod inputs;
 mod packing;
 pub mod prefill;
 pub mod weights;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use aot_kernels::device::{self, CudaGraph, CudaSlice, CudaStream, DriverError};
+use aot_kernels::device::{self, CudaEvent, CudaGraph, CudaSlice, DriverError, PinnedHostSlice};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
     self, attention_decode, attn_cluster, attn_pipelined, attn_scratch_needs, attn_splits,
@@ -38,9 +41,7 @@ use aot_kernels::ops::gemv::{
     gemv, gemv_with, residual_groups, GemvInput, GemvOptions, GemvOutput, MAX_TOKENS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
-use aot_kernels::ops::sampling::{
-    sample_tokens, DeviceSamplingParams, LogitsShape, SamplingParams,
-};
+use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShape};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use aot_kernels::registry::ModuleKind;
 use half::bf16;
@@ -79,22 +80,32 @@ pub struct GpuOptions {
     /// `attn_cluster` says that pays (Hopper and later, sm_90+ images; the same bits either way).
     /// `false` keeps the workspace merge everywhere (A/B measurements, tests).
     pub attention_cluster: bool,
+    /// Queue the likely next decode pass before waiting for a pass's tokens (see [`ahead`]; the
+    /// same tokens either way). A request that arrives while others decode then costs the pass
+    /// queued ahead, which is dropped. `false`: every step waits for its own pass only.
+    pub decode_ahead: bool,
 }
 
 /// Counters for the report.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct GpuStats {
+    /// Decode passes launched (those queued ahead included).
     pub passes: usize,
     pub graph_replays: usize,
     pub graph_captures: usize,
     pub eager_passes: usize,
+    /// Passes queued ahead of the engine's step, those of them a step then used, and those it
+    /// used for some of their rows only (a sequence had sampled end-of-sequence).
+    pub ahead_passes: usize,
+    pub ahead_adopted: usize,
+    pub ahead_partial: usize,
 }
 
 /// What a pass returns: each row's sampled token, and the logits of the sampling rows.
 type PassOutput = (Vec<Option<u32>>, Vec<Vec<f32>>);
 
 /// One token row of a forward pass.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Row {
     token: u32,
     pos: usize,
@@ -104,14 +115,8 @@ struct Row {
 
 /// Per-pass inputs, activations and scratch: fixed buffers, so graphs can replay them.
 struct PassBuffers {
-    tokens: CudaSlice<i32>,
-    positions: CudaSlice<i32>,
-    slots: CudaSlice<i32>,
-    temperature: CudaSlice<f32>,
-    top_k: CudaSlice<u32>,
-    top_p: CudaSlice<f32>,
-    seed: CudaSlice<u64>,
-    counter: CudaSlice<u64>,
+    /// Tokens, positions, slots and sampling parameters of the rows, packed ([`inputs`]).
+    inputs: CudaSlice<u64>,
     sampled: CudaSlice<i32>,
     h: CudaSlice<bf16>,
     ssq: CudaSlice<f32>,
@@ -125,41 +130,6 @@ struct PassBuffers {
 }
 
 impl PassBuffers {
-    /// Copies each row's sampling request into the first rows of the sampling buffers.
-    fn upload_sampling(
-        &mut self,
-        s: &Arc<CudaStream>,
-        requests: &[SampleRequest],
-    ) -> Result<(), RunnerError> {
-        let m = requests.len();
-        let copy = |r: Result<(), DriverError>| r.map_err(dev_err("sampling parameters"));
-        copy(
-            s.memcpy_htod(
-                &requests
-                    .iter()
-                    .map(|q| q.params.temperature)
-                    .collect::<Vec<_>>(),
-                &mut self.temperature.slice_mut(0..m),
-            ),
-        )?;
-        copy(s.memcpy_htod(
-            &requests.iter().map(|q| q.params.top_k).collect::<Vec<_>>(),
-            &mut self.top_k.slice_mut(0..m),
-        ))?;
-        copy(s.memcpy_htod(
-            &requests.iter().map(|q| q.params.top_p).collect::<Vec<_>>(),
-            &mut self.top_p.slice_mut(0..m),
-        ))?;
-        copy(s.memcpy_htod(
-            &requests.iter().map(|q| q.seed).collect::<Vec<_>>(),
-            &mut self.seed.slice_mut(0..m),
-        ))?;
-        copy(s.memcpy_htod(
-            &requests.iter().map(|q| q.counter).collect::<Vec<_>>(),
-            &mut self.counter.slice_mut(0..m),
-        ))
-    }
-
     /// Samples one token per row into `sampled` from the first `rows` rows of `logits`.
     fn sample(&mut self, k: &LoadedKernels, rows: usize, vocab: usize) -> Result<(), OpsError> {
         sample_tokens(
@@ -172,11 +142,11 @@ impl PassBuffers {
                 row_stride: vocab,
             },
             &DeviceSamplingParams {
-                temperature: &self.temperature,
-                top_k: &self.top_k,
-                top_p: &self.top_p,
-                seed: &self.seed,
-                counter: &self.counter,
+                temperature: dev(k, &inputs::temperature(&self.inputs)),
+                top_k: dev(k, &inputs::top_k(&self.inputs)),
+                top_p: dev(k, &inputs::top_p(&self.inputs)),
+                seed: dev(k, &inputs::seed(&self.inputs)),
+                counter: dev(k, &inputs::counter(&self.inputs)),
             },
         )
     }
@@ -209,6 +179,18 @@ pub struct GpuRunner {
     seen: [[bool; 4]; MAX_TOKENS + 1],
     stats: GpuStats,
     setup_s: f64,
+    /// Page-locked staging of the pass inputs and of the sampled tokens read back, two of each
+    /// used in turn (a pass queued ahead has its own while the one before it is read), and the
+    /// events recorded after each turn's copies (the host waits for those, not the stream).
+    staging: [PinnedHostSlice<u64>; 2],
+    sampled_host: [PinnedHostSlice<i32>; 2],
+    uploaded: [CudaEvent; 2],
+    downloaded: [CudaEvent; 2],
+    turn: usize,
+    /// `GpuOptions::decode_ahead`.
+    decode_ahead: bool,
+    /// The pass queued ahead of the engine's next step.
+    ahead: Option<ahead::AheadPass>,
 }
 
 pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
@@ -269,20 +251,9 @@ impl GpuRunner {
             hd,
         );
         let b = PassBuffers {
-            tokens: zeros_i32(MAX_TOKENS, "tokens")?,
-            positions: zeros_i32(MAX_TOKENS, "positions")?,
-            slots: zeros_i32(MAX_TOKENS, "slots")?,
-            temperature: zeros_f32(MAX_TOKENS, "sampling parameters")?,
-            top_k: s
-                .alloc_zeros::<u32>(MAX_TOKENS)
-                .map_err(dev_err("sampling parameters"))?,
-            top_p: zeros_f32(MAX_TOKENS, "sampling parameters")?,
-            seed: s
-                .alloc_zeros::<u64>(MAX_TOKENS)
-                .map_err(dev_err("sampling parameters"))?,
-            counter: s
-                .alloc_zeros::<u64>(MAX_TOKENS)
-                .map_err(dev_err("sampling parameters"))?,
+            inputs: s
+                .alloc_zeros::<u64>(inputs::WORDS)
+                .map_err(dev_err("pass inputs"))?,
             sampled: zeros_i32(MAX_TOKENS, "sampled tokens")?,
             h: zeros_bf16(MAX_TOKENS * h, "hidden")?,
             ssq: zeros_f32(residual_groups(h) * MAX_TOKENS, "sums of squares")?,
@@ -324,6 +295,19 @@ impl GpuRunner {
             k_cache.push(zeros_bf16(per_layer, "KV cache")?);
             v_cache.push(zeros_bf16(per_layer, "KV cache")?);
         }
+        let ctx = k.context();
+        let pinned = dev_err("page-locked staging");
+        let staging = [
+            device::pinned_host::<u64>(ctx, inputs::WORDS).map_err(&pinned)?,
+            device::pinned_host::<u64>(ctx, inputs::WORDS).map_err(&pinned)?,
+        ];
+        let sampled_host = [
+            device::pinned_host::<i32>(ctx, MAX_TOKENS).map_err(&pinned)?,
+            device::pinned_host::<i32>(ctx, MAX_TOKENS).map_err(&pinned)?,
+        ];
+        let event = || ctx.new_event(None).map_err(dev_err("copy events"));
+        let uploaded = [event()?, event()?];
+        let downloaded = [event()?, event()?];
         s.synchronize().map_err(dev_err("allocating"))?;
         let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
         let cluster_ok = [false, true].map(|pipelined| {
@@ -351,6 +335,13 @@ impl GpuRunner {
             seen: [[false; 4]; MAX_TOKENS + 1],
             stats: GpuStats::default(),
             setup_s: started.elapsed().as_secs_f64(),
+            staging,
+            sampled_host,
+            uploaded,
+            downloaded,
+            turn: 0,
+            decode_ahead: options.decode_ahead,
+            ahead: None,
         })
     }
 
@@ -415,7 +406,7 @@ impl GpuRunner {
             dev(k, &self.w.embed),
             v,
             h,
-            dev(k, &b.tokens),
+            dev(k, &inputs::tokens(&b.inputs)),
             m,
         )?;
         let mut ssq_groups = 1;
@@ -460,8 +451,8 @@ impl GpuRunner {
                     v_cache: dev_mut(k, &mut self.v_cache[l]),
                     block_table: dev(k, &self.block_table),
                     ld_bt: self.ld_bt,
-                    slot_of_row: dev(k, &b.slots),
-                    positions: dev(k, &b.positions),
+                    slot_of_row: dev(k, &inputs::slots(&b.inputs)),
+                    positions: dev(k, &inputs::positions(&b.inputs)),
                     out: dev_mut(k, &mut b.attn),
                     m,
                     q_heads: c.num_attention_heads,
@@ -559,16 +550,28 @@ impl GpuRunner {
         b.sample(k, m, v)
     }
 
-    /// Runs one pass over `rows` (1..=8): uploads the inputs, replays or launches, samples.
-    /// Returns each row's sampled token (rows without a sample request get `None`) and, with
-    /// `want_logits`, the logits of the sampling rows.
-    fn pass(&mut self, rows: &[Row], want_logits: bool) -> Result<PassOutput, RunnerError> {
+    /// Copies `rows` (at most eight) into the device's pass inputs: packed into this turn's
+    /// page-locked staging buffer (once its last copy has left), one copy. Returns the turn
+    /// used; the next call takes the other.
+    fn upload_rows(&mut self, rows: &[Row]) -> Result<usize, RunnerError> {
+        let turn = self.turn;
+        self.turn ^= 1;
+        let err = dev_err("pass inputs");
+        self.uploaded[turn].synchronize().map_err(&err)?;
+        inputs::pack(rows, self.staging[turn].as_mut_slice().map_err(&err)?);
+        let s = self.k.stream();
+        s.memcpy_htod(&self.staging[turn], &mut self.b.inputs)
+            .map_err(&err)?;
+        self.uploaded[turn].record(s).map_err(&err)?;
+        Ok(turn)
+    }
+
+    /// Queues one decode pass over `rows` (1..=8): the inputs (with `tokens_on_device`, the
+    /// tokens are those the pass before sampled, row for row, copied on the device over the
+    /// uploaded ones), the forward pass (a graph replay, or launches), the sampling, and the copy
+    /// of the sampled tokens into the page-locked buffer of the returned turn.
+    fn enqueue_pass(&mut self, rows: &[Row], tokens_on_device: bool) -> Result<usize, RunnerError> {
         let m = rows.len();
-        let s = self.k.stream().clone();
-        let up = |v: Vec<i32>, dst: &mut CudaSlice<i32>, what: &str| -> Result<(), RunnerError> {
-            let mut view = dst.slice_mut(0..v.len());
-            s.memcpy_htod(&v, &mut view).map_err(dev_err(what))
-        };
         for r in rows {
             if r.pos >= self.max_pos {
                 return Err(RunnerError::Plan(format!(
@@ -577,33 +580,13 @@ impl GpuRunner {
                 )));
             }
         }
-        up(
-            rows.iter().map(|r| r.token as i32).collect(),
-            &mut self.b.tokens,
-            "tokens",
-        )?;
-        up(
-            rows.iter().map(|r| r.pos as i32).collect(),
-            &mut self.b.positions,
-            "positions",
-        )?;
-        up(
-            rows.iter().map(|r| r.slot as i32).collect(),
-            &mut self.b.slots,
-            "slots",
-        )?;
-        // Rows that sample nothing take the cheap greedy path; their token is ignored.
-        let requests: Vec<SampleRequest> = rows
-            .iter()
-            .map(|r| {
-                r.sample.unwrap_or(SampleRequest {
-                    params: SamplingParams::GREEDY,
-                    seed: 0,
-                    counter: 0,
-                })
-            })
-            .collect();
-        self.b.upload_sampling(&s, &requests)?;
+        let s = self.k.stream().clone();
+        let turn = self.upload_rows(rows)?;
+        if tokens_on_device {
+            let mut tokens = inputs::tokens_mut(&mut self.b.inputs, m);
+            s.memcpy_dtod(&self.b.sampled.slice(0..m), &mut tokens)
+                .map_err(dev_err("feeding the sampled tokens"))?;
+        }
 
         self.stats.passes += 1;
         // Attention's kind follows the work of this pass (the same bits either way); each kind
@@ -658,20 +641,92 @@ impl GpuRunner {
                 self.stats.eager_passes += 1;
             }
         }
+        let err = dev_err("reading sampled tokens");
+        s.memcpy_dtoh(&self.b.sampled.slice(0..m), &mut self.sampled_host[turn])
+            .map_err(&err)?;
+        self.downloaded[turn].record(&s).map_err(&err)?;
+        Ok(turn)
+    }
 
-        // The one synchronisation of a pass: reading the sampled tokens.
-        let sampled = s
-            .clone_dtoh(&self.b.sampled.slice(0..m))
-            .map_err(dev_err("reading sampled tokens"))?;
+    /// The block-table row of `slot` as the device holds it.
+    fn table_row(&self, slot: usize) -> &[i32] {
+        &self.host_table[slot * self.ld_bt..(slot + 1) * self.ld_bt]
+    }
+
+    /// Runs one pass over `rows` (1..=8) and returns each row's sampled token (rows without a
+    /// sample request get `None`) and, with `want_logits`, the logits of the sampling rows. The
+    /// pass queued ahead serves it where it computed exactly these rows; otherwise it is dropped
+    /// and the pass queued now. With `continues` (each row goes on after this step, the
+    /// scheduler's word), the likely next pass is queued before this one's tokens are waited for.
+    fn pass(
+        &mut self,
+        rows: &[Row],
+        want_logits: bool,
+        continues: Option<&[bool]>,
+    ) -> Result<PassOutput, RunnerError> {
+        let adopted = self.ahead.take().and_then(|a| {
+            let index = ahead::adopt(&a, rows, |slot| self.table_row(slot))?;
+            Some((a, index))
+        });
+        let (turn, launched, index) = match adopted {
+            Some((a, index)) => {
+                self.stats.ahead_adopted += 1;
+                self.stats.ahead_partial += usize::from(index.len() < a.rows.len());
+                (a.turn, a.rows.len(), index)
+            }
+            None => (
+                self.enqueue_pass(rows, false)?,
+                rows.len(),
+                (0..rows.len()).collect(),
+            ),
+        };
+        // The next pass feeds on this one's tokens row for row: only where the device's pass
+        // holds exactly these rows in this order.
+        let whole = index.len() == launched && index.iter().enumerate().all(|(i, &j)| i == j);
+        let mut next = None;
+        if let (true, true, false, Some(continues)) =
+            (self.decode_ahead, whole, want_logits, continues)
+        {
+            let rows_next =
+                ahead::next_rows(rows, continues, self.max_pos, KV_BLOCK_SIZE, |slot, b| {
+                    self.table_row(slot).get(b).copied().unwrap_or(-1)
+                });
+            if let Some(rows_next) = rows_next {
+                let tables = rows_next
+                    .iter()
+                    .map(|r| self.table_row(r.slot)[..=r.pos / KV_BLOCK_SIZE].to_vec())
+                    .collect();
+                let turn_next = self.enqueue_pass(&rows_next, true)?;
+                self.stats.ahead_passes += 1;
+                next = Some(ahead::AheadPass {
+                    rows: rows_next,
+                    tables,
+                    turn: turn_next,
+                });
+            }
+        }
+
+        // The one wait of a pass: its sampled tokens (the pass queued ahead runs meanwhile).
+        let err = dev_err("reading sampled tokens");
+        self.downloaded[turn].synchronize().map_err(&err)?;
+        let sampled = self.sampled_host[turn].as_slice().map_err(&err)?[..launched].to_vec();
+        if let Some(mut a) = next {
+            for (r, &t) in a.rows.iter_mut().zip(&sampled) {
+                r.token = t as u32;
+            }
+            self.ahead = Some(a);
+        }
         let tokens: Vec<Option<u32>> = rows
             .iter()
-            .zip(&sampled)
-            .map(|(r, &t)| r.sample.map(|_| t as u32))
+            .zip(&index)
+            .map(|(r, &j)| r.sample.map(|_| sampled[j] as u32))
             .collect();
         let mut out_logits = Vec::new();
         if want_logits {
+            // Nothing was queued ahead: the logits are still this pass's.
+            let s = self.k.stream().clone();
             let v = self.cfg.vocab_size;
-            for (j, r) in rows.iter().enumerate() {
+            for (r, &j) in rows.iter().zip(&index) {
                 if r.sample.is_some() {
                     let row = self.b.logits.slice(j * v..(j + 1) * v);
                     out_logits.push(s.clone_dtoh(&row).map_err(dev_err("reading logits"))?);
@@ -726,6 +781,16 @@ impl Runner for GpuRunner {
         let decode: Vec<usize> = (0..plan.seqs.len())
             .filter(|&j| !plan.seqs[j].prefill)
             .collect();
+        // A pass queued ahead serves one pass of generated tokens at most; a plan of none or of
+        // more than eight drops it here (before any other work is queued).
+        if decode.is_empty() || decode.len() > MAX_TOKENS {
+            self.ahead = None;
+        }
+        // The next pass is queued ahead only for a plan of generated tokens alone (no prompt
+        // chunk queued behind it) whose every sequence goes on.
+        let continues: Option<Vec<bool>> = (decode.len() == plan.seqs.len()
+            && decode.len() <= MAX_TOKENS)
+            .then(|| plan.seqs.iter().map(|s| s.continues).collect());
         for group in decode.chunks(MAX_TOKENS) {
             let rows: Vec<Row> = group
                 .iter()
@@ -739,7 +804,7 @@ impl Runner for GpuRunner {
                     }
                 })
                 .collect();
-            let (tokens, logits) = self.pass(&rows, plan.want_logits)?;
+            let (tokens, logits) = self.pass(&rows, plan.want_logits, continues.as_deref())?;
             let mut logits = logits.into_iter();
             for (&j, t) in group.iter().zip(tokens) {
                 out.tokens[j] = t;

@@ -248,8 +248,15 @@ impl GpuRunner {
     ) -> Result<(Option<u32>, Vec<f32>), RunnerError> {
         let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let s = self.k.stream().clone();
+        // The sampling parameters go in row 0 of the pass inputs (its token, position and slot
+        // are not read here).
+        self.upload_rows(&[super::Row {
+            token: 0,
+            pos: 0,
+            slot: 0,
+            sample: Some(sample),
+        }])?;
         let b = &mut self.b;
-        b.upload_sampling(&s, &[sample])?;
         let k = &self.k;
         let x = dev(k, &self.pf.x).skip(row * h).map_err(ops_err)?;
         gemv(

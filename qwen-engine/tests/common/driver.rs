@@ -102,6 +102,8 @@ pub fn run(
                             counter: gens[*i].tokens.len() as u64,
                         }),
                         prefill: fed[*i] < r.prompt.len(),
+                        // Another step follows unless this one samples the last token.
+                        continues: !sample || gens[*i].tokens.len() + 1 < r.new_tokens,
                     }
                 })
                 .collect(),

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// Launch eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
+    /// Wait for each decode pass before queueing the next, instead of queueing the likely next
+    /// pass while the host reads this one's tokens (to measure what that gives; the same tokens
+    /// either way). `--profile-window` implies it.
+    #[arg(long)]
+    no_decode_ahead: bool,
     /// Merge decode attention's splits through the workspace everywhere, never inside
     /// thread-block clusters (to measure what the clusters give; the same tokens either way).
     #[arg(long)]
@@ -210,7 +215,11 @@ fn run_cell(
     profile: bool,
 ) -> Result<(Cell, Vec<Vec<u32>>), String> {
     let warmup = args.warmup + if profile { args.primer } else { 0 };
-    let total_new = warmup + args.new_tokens + 1;
+    // One token after the window: its last step then goes on, and with decode ahead (the runner
+    // queues the next pass before a step's tokens are read) queues the pass after it, so that the
+    // window holds exactly `new_tokens` passes in either mode (the first timed pass was queued by
+    // the last warm-up step, before the window opens). And one more for the prefill's token.
+    let total_new = warmup + args.new_tokens + 2;
     let mut ids: Vec<RequestId> = Vec::new();
     for r in 0..concurrency {
         let spec = RequestSpec {
@@ -376,6 +385,9 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             prefill_tokens: args.prefill_tokens,
             attention_pipelined: None,
             attention_cluster: !args.no_attention_cluster,
+            // A profiled window waits for each pass: a pass queued ahead of the window would
+            // run partly before cuProfilerStart, and the capture's kernel count would vary.
+            decode_ahead: !args.no_decode_ahead && !args.profile_window,
         };
         let setup = Instant::now();
         let runner =

@@ -68,6 +68,11 @@ pub struct RunArgs {
     /// Launch every kernel eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     no_graphs: bool,
+    /// Wait for each decode pass before queueing the next, instead of queueing the likely next
+    /// pass while the host reads this one's tokens (to measure what that gives; the same tokens
+    /// either way).
+    #[arg(long)]
+    no_decode_ahead: bool,
     /// KV cache size, e.g. 4GiB or 512MiB (default: most of the free GPU memory; 256MiB on CPU).
     #[arg(long)]
     kv_budget: Option<String>,
@@ -191,6 +196,7 @@ fn build_runner(
                 prefill_tokens: args.prefill_tokens,
                 attention_pipelined: None,
                 attention_cluster: true,
+                decode_ahead: !args.no_decode_ahead,
             };
             let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
