@@ -38,7 +38,10 @@ pub struct SeqStep<'a> {
     pub prefill: bool,
     /// The sequence runs again in the next step (it has tokens left to generate after this
     /// step's), unless it samples an end-of-sequence token that stops it. A hint: a runner may
-    /// start the next step's work early on it, and must still compute exactly the plan it gets.
+    /// start the next step's work early on it (the GPU runner decodes ahead), and must still
+    /// compute exactly the plan it gets. Setting it promises that the slot's blocks past
+    /// `end_pos()` are its own (no other sequence reads or shares them): the early work writes
+    /// the next position's key and value there before the next plan is seen.
     pub continues: bool,
 }
 

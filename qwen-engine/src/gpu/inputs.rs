@@ -50,7 +50,7 @@ fn put32(words: &mut [u64], base: usize, i: usize, v: u32) {
 }
 
 /// Packs `rows` (at most eight) into `words`. A row without a sample request takes the greedy
-/// parameters (its token is ignored). Rows past `rows.len()` keep what they held.
+/// parameters (what it samples is ignored). Rows past `rows.len()` keep what they held.
 pub(crate) fn pack(rows: &[Row], words: &mut [u64]) {
     assert!(rows.len() <= ROWS && words.len() >= WORDS);
     for (i, r) in rows.iter().enumerate() {
@@ -133,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn every_field_lands_where_the_device_views_read_it() {
+    fn every_field_lands_in_its_words_as_little_endian_bytes() {
         let rows: Vec<Row> = (0..7)
             .map(|i| Row {
                 token: 1000 + i as u32,

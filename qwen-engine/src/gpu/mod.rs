@@ -16,9 +16,9 @@
 //! then `lm_head` (with the final norm) and sampling. Every row's result depends on that row
 //! alone (kernels never mix rows), so a request computes the same bits alone or in a batch, and a
 //! prompt the same bits however it is chunked. Passes of a given row count replay a CUDA graph
-//! (see [`graphs`]); the only host-device synchronisation in a pass is reading the sampled tokens,
-//! and by then the runner has queued the likely next pass (see [`ahead`]), so the GPU does not wait
-//! for the host between steps.
+//! (see [`graphs`]); the host waits in a pass only for its sampled tokens (and before refilling a
+//! page-locked staging buffer, for that buffer's copy two passes back), and by then it has queued
+//! the likely next pass (see [`ahead`]), so the GPU does not wait for the host between steps.
 
 mod ahead;
 pub mod graphs;
@@ -81,8 +81,9 @@ pub struct GpuOptions {
     /// `false` keeps the workspace merge everywhere (A/B measurements, tests).
     pub attention_cluster: bool,
     /// Queue the likely next decode pass before waiting for a pass's tokens (see [`ahead`]; the
-    /// same tokens either way). A request that arrives while others decode then costs the pass
-    /// queued ahead, which is dropped. `false`: every step waits for its own pass only.
+    /// same tokens either way). A plan the pass does not fit (other tokens than those sampled,
+    /// other rows) drops it, a pass's work thrown away. `false`: every step waits for its own pass
+    /// only.
     pub decode_ahead: bool,
 }
 
@@ -734,6 +735,18 @@ impl GpuRunner {
             }
         }
         Ok((tokens, out_logits))
+    }
+}
+
+impl Drop for GpuRunner {
+    /// A pass queued ahead may still be running, copying into the page-locked buffers freed
+    /// with the runner: wait for the stream first.
+    fn drop(&mut self) {
+        if let Err(e) = self.k.stream().synchronize() {
+            log::warn!(
+                "GPU runner: waiting for the last queued pass before freeing its buffers: {e}"
+            );
+        }
     }
 }
 

@@ -46,7 +46,7 @@ pub struct BenchArgs {
     /// Timed decode steps per cell.
     #[arg(long, default_value_t = 128)]
     new_tokens: usize,
-    /// Decode steps before the timed ones.
+    /// Decode steps before the timed ones (at least 1).
     #[arg(long, default_value_t = 16)]
     warmup: usize,
     /// Dispatch policies to run the matrix under (auto, ptx-only).
@@ -355,6 +355,11 @@ pub fn bench(args: BenchArgs) -> ExitCode {
 }
 
 fn bench_inner(args: &BenchArgs) -> Result<(), String> {
+    if args.warmup == 0 {
+        return Err("--warmup 0: a cell needs at least one warm-up step (it queues the first timed \
+                    pass, so that the window holds exactly --new-tokens passes); give --warmup 1 or more"
+            .into());
+    }
     let src: ModelSource = open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
     let cfg = src.config.clone();
     let kv_budget = parse_bytes(&args.kv_budget)?;
