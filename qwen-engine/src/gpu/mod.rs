@@ -106,7 +106,7 @@ pub struct GpuStats {
 type PassOutput = (Vec<Option<u32>>, Vec<Vec<f32>>);
 
 /// One token row of a forward pass.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Row {
     token: u32,
     pos: usize,
