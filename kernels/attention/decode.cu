@@ -14,9 +14,12 @@
 // At head dimension 64 and 128 each warp requests its first cache block before it prepares the
 // query, and, launched programmatically where the caller allows it (`cache_before_wait`), before
 // it waits for the qkv projection (so that the block streams while that kernel ends: on the H200
-// the step 0.8-3.1% shorter); the pipelined entries stream its next cache block while it scores
-// the current one.
-// That holds two blocks' keys and values in registers (about 220 at 128: two blocks an SM), which
+// the step 0.8-3.1% shorter); the pipelined entries request its first two cache blocks there,
+// into two register sets taken in turn, and then keep the next block streaming while they score
+// the current one (the second block early: on the H200 attention at one row took 6.5 instead of
+// 8.0 us at 1088 tokens and 4.1 instead of 4.4 at 80, at eight rows of 300 tokens 9.1 instead of
+// 10.2; requested after the wait, it gained about half of that).
+// That holds two blocks' keys and values in registers (about 230 at 128: two blocks an SM), which
 // pays when the busy blocks of a launch fit in one wave; the `_np` entries load each later block
 // and then score it (held to 128 registers: four blocks an SM), which pays
 // when there are more (on the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us;
@@ -356,8 +359,16 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         if (blk < 0) __trap();
         load_kv<D>(p, (static_cast<int64_t>(blk) * p.kv_heads + kvh) * kBlockTokens, block_tokens(b), r);
     };
-    KvRegs<D> pre;
-    if (kFirstEarly && b0 * kBlockTokens < t_end) load_block(__shfl_sync(0xffffffffu, lane_blk, 0), b0, pre);
+    // The cache block of the warp's iteration `it` (block b of the split), from the lane that
+    // holds it or, past 32 iterations, from the table.
+    auto fetch = [&](int it, int b, KvRegs<D>& r) {
+        if (b * kBlockTokens < t_end) load_block(it < 32 ? __shfl_sync(0xffffffffu, lane_blk, it) : table[b], b, r);
+    };
+    // The pipelined entries request the warp's first two cache blocks here, into two register
+    // sets that the loop below then takes in turn; the others the first only.
+    KvRegs<D> pre, pre2;
+    if (kFirstEarly) fetch(0, b0, pre);
+    if (kPrefetch) fetch(1, b0 + kWarps, pre2);
 
     if (p.cache_before_wait) load_new();
 
@@ -508,15 +519,26 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         __syncwarp();
     };
     if constexpr (kPrefetch) {
-        for (int b = b0, it = 0; b * kBlockTokens < t_end; b += kWarps, ++it) {
-            KvRegs<D> cur = pre;
-            // The warp's next cache block streams while this one is scored.
-            const int nb = b + kWarps;
-            if (nb * kBlockTokens < t_end) {
-                load_block(it + 1 < 32 ? __shfl_sync(0xffffffffu, lane_blk, it + 1) : table[nb], nb, pre);
-            }
-            if (b == b0) patch_new(cur, b);
-            score(cur, block_tokens(b));
+        // Two register sets in turn, never copied into each other (a copy waits for its loads):
+        // while the block of one is scored, the block after it is already streaming into the
+        // other, and the block after that is requested as soon as the first set is free. Both
+        // of the first two were requested before the query's preparation, so before the new key
+        // and value were written: both are patched.
+        int b = b0, it = 0;
+        if (b * kBlockTokens < t_end) {
+            patch_new(pre, b);
+            patch_new(pre2, b + kWarps);
+        }
+        while (b * kBlockTokens < t_end) {
+            score(pre, block_tokens(b));
+            b += kWarps;
+            ++it;
+            if (b * kBlockTokens >= t_end) break;
+            fetch(it + 1, b + kWarps, pre);
+            score(pre2, block_tokens(b));
+            b += kWarps;
+            ++it;
+            fetch(it + 1, b + kWarps, pre2);
         }
     } else {
         // One block at a time; the first, at 64 and 128, from the registers it was requested into
