@@ -439,8 +439,8 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     }
 
     float* my_p = p_s + warp * kBlockTokens * kMaxGroup;
-    // The new token's key and value, written after the warp's first block was requested: patched
-    // into it from shared memory.
+    // The new token's key and value, written after the warp's first block (the pipelined entries:
+    // first two) was requested: patched into it from shared memory.
     auto patch_new = [&](KvRegs<D>& cur, int b) {
         if (b == pos / kBlockTokens) {
             const int q = pos % kBlockTokens;
@@ -713,7 +713,7 @@ using namespace aot_attn_decode;
     }
 // The unpipelined entries at 64 and 128, held to 128 registers: four blocks an SM, the point of
 // them (their first cache block, requested before the query's preparation, would take them to
-// 132-139 unbounded; bounded, nothing spills).
+// 132-139 unbounded; bounded, nothing spills on sm_90, 4-36 bytes on sm_80, sm_100 and sm_120).
 #define AOT_ATTN_DECODE_NP(name, d, g)                                                          \
     extern "C" __global__ void __launch_bounds__(kThreads, 4) name(const AttnDecodeParams p) { \
         attn_decode<d, g, false>(p);                                                            \
