@@ -1234,29 +1234,42 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_stream_read_reads_every_word() {
-    use aot_kernels::ops::bench::{stream_read, stream_read_blocks, xor_reference};
+    // Both readers, every policy: a word, a tail, fewer bulk chunks (16 KiB) than blocks, some
+    // chunks plus a tail that is not a whole chunk, and 16 MiB. The bulk reader folds its last
+    // block's tail with loads, and under ptx-only (compute_80 PTX) folds everything with loads.
+    use aot_kernels::ops::bench::{stream_read_with, xor_reference, Reader};
     let mut rng = seed("stream_read");
     let d = device();
     for policy in [Policy::Auto, Policy::PtxOnly] {
         let kr = kernels(&d, policy);
         let s = kr.stream();
-        for words in [4usize, 4 * 1001, 1 << 22] {
-            let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
-            let dd = upload(s, &data);
-            let blocks = stream_read_blocks(kr.sm_count());
+        for reader in Reader::ALL {
+            let blocks = reader.blocks(kr.sm_count());
+            for words in [
+                4usize,
+                4 * 1001,
+                4096 * 7 + 12,
+                4096 * 1000 + 4 * 77,
+                1 << 22,
+            ] {
+                let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
+                let dd = upload(s, &data);
+                let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
+                stream_read_with(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
+                let got = s.clone_dtoh(&out).unwrap().iter().fold(0, |a, &b| a ^ b);
+                assert_eq!(
+                    got,
+                    xor_reference(&data),
+                    "{policy} {reader:?}: {words} words"
+                );
+            }
+            let dd = upload(s, &[1u32, 2, 3]);
             let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
-            stream_read(&kr, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
-            let got = s.clone_dtoh(&out).unwrap().iter().fold(0, |a, &b| a ^ b);
-            assert_eq!(got, xor_reference(&data), "{policy}: {words} words");
+            let err = stream_read_with(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("multiple of 4"), "{err}");
         }
-        let dd = upload(s, &[1u32, 2, 3]);
-        let mut out = s
-            .alloc_zeros::<u32>(stream_read_blocks(kr.sm_count()))
-            .unwrap();
-        let err = stream_read(&kr, dev(&kr, &dd), dev_mut(&kr, &mut out))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("multiple of 4"), "{err}");
     }
 }
 

@@ -348,6 +348,16 @@ fn broken_bundles_are_refused_naming_the_cell_and_field() {
         ("TB/s for GB/s", |v| v["bandwidth"]["read_gbs"] = json!(4.15), &["bandwidth: `read_gbs` is 4.15: outside 10..50000 GB/s", "outside its runs"]),
         ("bandwidth outside its runs", |v| v["bandwidth"]["read_gbs"] = json!(3900.0), &["bandwidth: `read_gbs` is 3900, outside its runs"]),
         ("no runs", |v| v["bandwidth"]["runs"] = json!([]), &["bandwidth: `runs` is empty"]),
+        ("a reader faster than the limit", |v| v["bandwidth"]["readers"] = json!([
+            {"entry": "stream_read_u32", "read_gbs": 4234.532160713556, "runs": [4234.532160713556]},
+            {"entry": "stream_read_bulk_u32", "read_gbs": 4560.0, "runs": [4560.0]}]),
+            &["bandwidth: `read_gbs` is 4234.532160713556, slower than reader stream_read_bulk_u32 (4560)"]),
+        ("the limit no reader's", |v| v["bandwidth"]["readers"] = json!([
+            {"entry": "stream_read_u32", "read_gbs": 3000.0, "runs": [3000.0]}]),
+            &["bandwidth: `read_gbs` is 4234.532160713556, no reader's median"]),
+        ("a reader without runs", |v| v["bandwidth"]["readers"] = json!([
+            {"entry": "stream_read_bulk_u32", "read_gbs": 4234.532160713556, "runs": []}]),
+            &["bandwidth: `readers[0].runs` is empty"]),
         ("not a time", |v| v["created"] = json!("yesterday"), &["bundle: `created` `yesterday` is not an RFC 3339 time"]),
         ("not UTC", |v| v["created"] = json!("2026-11-30T13:00:00+01:00"), &["bundle: `created`", "is not in UTC"]),
         ("capability", |v| v["device"]["capability"] = json!("sm_90"), &["device: `capability` `sm_90` is not MAJOR.MINOR"]),
@@ -634,4 +644,47 @@ fn every_committed_bundle_validates_and_is_a_measurement() {
         n += 1;
     }
     assert!(n > 0, "no bundle under {}", results.display());
+}
+
+#[test]
+fn the_limit_is_the_fastest_readers() {
+    use qwen_engine::bench::report::{Bandwidth, ReaderRuns};
+    let reader = |entry: &str, runs: &[f64]| ReaderRuns {
+        entry: entry.into(),
+        read_gbs: median_and_p90(runs).unwrap().0,
+        runs: runs.to_vec(),
+    };
+    let b = Bandwidth::fastest(
+        1 << 30,
+        vec![
+            reader("stream_read_u32", &[4180.0, 4170.0, 4190.0]),
+            reader("stream_read_bulk_u32", &[4550.0, 4560.0, 4540.0]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(b.read_gbs, 4550.0);
+    assert_eq!(b.runs, vec![4550.0, 4560.0, 4540.0]);
+    assert_eq!(b.readers.len(), 2);
+    assert_eq!(
+        b.describe(),
+        "4550 GB/s (stream_read_bulk_u32; stream_read_u32 4180)"
+    );
+    assert!(Bandwidth::fastest(1, Vec::new()).is_none());
+
+    // Stored with its readers, a sample bundle still validates and reads back the same.
+    let mut r = sample();
+    let scale = b.read_gbs / r.bandwidth.read_gbs;
+    r.bandwidth = Bandwidth {
+        bytes: r.bandwidth.bytes,
+        ..b
+    };
+    for c in &mut r.cells {
+        c.limit_tok_s *= scale;
+        c.limit_share = c.decode_tok_s / c.limit_tok_s;
+    }
+    r.validate().unwrap();
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(json.contains("\"readers\""), "{json}");
+    let back: BenchReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.bandwidth, r.bandwidth);
 }

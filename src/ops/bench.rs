@@ -9,11 +9,59 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "bench";
 pub const ENTRY: &str = "stream_read_u32";
+/// The bulk-copy reader ([`Reader::Bulk`]).
+pub const ENTRY_BULK: &str = "stream_read_bulk_u32";
 const THREADS: u32 = 512;
 
-/// Blocks the launch uses on a GPU of `sm_count` SMs (the length `block_xor` needs).
+/// The two ways the module reads: plain 16-byte loads (every GPU) or bulk copies into shared
+/// memory through the Tensor Memory Accelerator (sm_90 images; older images fold with loads).
+/// On the H200 the bulk reader is the faster (kernels/bench/stream_read.cu), so a benchmark times
+/// both and takes the faster as the read limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    Loads,
+    Bulk,
+}
+
+impl Reader {
+    pub const ALL: [Reader; 2] = [Reader::Loads, Reader::Bulk];
+
+    /// The kernel's entry in module [`MODULE`].
+    pub fn entry(self) -> &'static str {
+        match self {
+            Reader::Loads => ENTRY,
+            Reader::Bulk => ENTRY_BULK,
+        }
+    }
+
+    /// Blocks a launch uses on a GPU of `sm_count` SMs (the length `block_xor` needs).
+    pub fn blocks(self, sm_count: usize) -> usize {
+        match self {
+            Reader::Loads => 4 * sm_count.max(1),
+            Reader::Bulk => 2 * sm_count.max(1),
+        }
+    }
+
+    fn threads(self) -> u32 {
+        match self {
+            Reader::Loads => THREADS,
+            Reader::Bulk => 160,
+        }
+    }
+
+    /// Dynamic shared memory: the bulk reader's ring, 4 slots of 16 KiB (the kernel's kBulkStages
+    /// and kBulkChunk).
+    fn smem(self) -> usize {
+        match self {
+            Reader::Loads => 0,
+            Reader::Bulk => 4 * 16384,
+        }
+    }
+}
+
+/// Blocks the loads reader uses on a GPU of `sm_count` SMs (the length `block_xor` needs).
 pub fn stream_read_blocks(sm_count: usize) -> usize {
-    4 * sm_count.max(1)
+    Reader::Loads.blocks(sm_count)
 }
 
 /// Reference: the XOR of every 32-bit word.
@@ -21,9 +69,20 @@ pub fn xor_reference(data: &[u32]) -> u32 {
     data.iter().fold(0, |a, &b| a ^ b)
 }
 
-/// Reads `data` (a multiple of 4 words) once; `block_xor` gets one fold per block.
+/// Reads `data` (a multiple of 4 words) once with plain loads; `block_xor` gets one fold per block.
 pub fn stream_read(
     kernels: &LoadedKernels,
+    data: DevRef<'_, u32>,
+    block_xor: DevMut<'_, u32>,
+) -> Result<(), OpsError> {
+    stream_read_with(kernels, Reader::Loads, data, block_xor)
+}
+
+/// Reads `data` (a multiple of 4 words) once with `reader`; `block_xor` gets one fold per block
+/// (`reader.blocks(sm_count)` of them).
+pub fn stream_read_with(
+    kernels: &LoadedKernels,
+    reader: Reader,
     data: DevRef<'_, u32>,
     block_xor: DevMut<'_, u32>,
 ) -> Result<(), OpsError> {
@@ -37,20 +96,22 @@ pub fn stream_read(
             ),
         });
     }
-    let blocks = stream_read_blocks(kernels.sm_count());
+    let blocks = reader.blocks(kernels.sm_count());
     check_view(op, "block_xor", block_xor.len(), &[blocks])?;
-    let function = kernels.function(MODULE, ENTRY)?;
+    let entry = reader.entry();
+    let function = kernels.function(MODULE, entry)?;
+    kernels.allow_dynamic_smem(MODULE, entry, reader.smem())?;
     let cfg = LaunchConfig {
         grid_dim: (to_i32(op, "blocks", blocks)? as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (reader.threads(), 1, 1),
+        shared_mem_bytes: reader.smem() as u32,
     };
     let (d, w, x) = (data.addr(), (data.len() / 4) as u64, block_xor.addr());
     let stream = kernels.stream();
     let mut b = stream.launch_builder(&function);
     b.arg(&d).arg(&w).arg(&x);
     // SAFETY: `data` holds `w` 16-byte words and `block_xor` one word per block (checked above);
-    // the argument order is the kernel's signature in kernels/bench/stream_read.cu.
+    // the argument order is both kernels' signature in kernels/bench/stream_read.cu.
     unsafe { b.launch(cfg) }
         .map(|_| ())
         .map_err(|source| OpsError::Driver { op, source })

@@ -113,6 +113,7 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
     ),
     (super::sampling::MODULE, super::sampling::ENTRY),
     (super::bench::MODULE, super::bench::ENTRY),
+    (super::bench::MODULE, super::bench::ENTRY_BULK),
     (
         super::gated_delta_net::MODULE_CONV,
         super::gated_delta_net::ENTRY_CONV,

@@ -147,7 +147,8 @@ impl ModelInfo {
     }
 }
 
-/// The streaming read measured in the same run by our own kernel.
+/// The streaming read measured in the same run by our own kernels: the read limit every cell is
+/// measured against is the faster reader's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bandwidth {
@@ -157,6 +158,58 @@ pub struct Bandwidth {
     pub bytes: u64,
     /// GB/s of each timed run.
     pub runs: Vec<f64>,
+    /// Every reader timed (`read_gbs` and `runs` are the fastest one's). Bundles written before
+    /// the bulk reader existed have none: their limit is the loads reader's alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readers: Vec<ReaderRuns>,
+}
+
+/// One streaming-read kernel's figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReaderRuns {
+    /// The kernel's entry (`stream_read_u32`: loads; `stream_read_bulk_u32`: bulk copies).
+    pub entry: String,
+    /// GB/s: the median of `runs`.
+    pub read_gbs: f64,
+    pub runs: Vec<f64>,
+}
+
+impl Bandwidth {
+    /// The figures of the readers in `readers` over `bytes`: the fastest median sets the limit.
+    /// None without a reader.
+    pub fn fastest(bytes: u64, readers: Vec<ReaderRuns>) -> Option<Self> {
+        let best = readers
+            .iter()
+            .max_by(|a, b| a.read_gbs.total_cmp(&b.read_gbs))?
+            .clone();
+        Some(Bandwidth {
+            read_gbs: best.read_gbs,
+            bytes,
+            runs: best.runs,
+            readers,
+        })
+    }
+
+    /// `read_gbs` with the reader behind it, e.g. `4562 GB/s (stream_read_bulk_u32; loads 4185)`.
+    pub fn describe(&self) -> String {
+        let best = self
+            .readers
+            .iter()
+            .find(|r| r.read_gbs == self.read_gbs)
+            .map(|r| r.entry.as_str());
+        let others: Vec<String> = self
+            .readers
+            .iter()
+            .filter(|r| Some(r.entry.as_str()) != best)
+            .map(|r| format!("{} {:.0}", r.entry, r.read_gbs))
+            .collect();
+        match best {
+            Some(b) if others.is_empty() => format!("{:.0} GB/s ({b})", self.read_gbs),
+            Some(b) => format!("{:.0} GB/s ({b}; {})", self.read_gbs, others.join(", ")),
+            None => format!("{:.0} GB/s", self.read_gbs),
+        }
+    }
 }
 
 /// One cell of the matrix: `concurrency` requests of `input` prompt tokens, `new_tokens` timed
@@ -560,7 +613,7 @@ impl BenchReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{}{} on {} (CUDA {} driver), streaming read {:.0} GB/s; {} new tokens per cell{}",
+            "{}{} on {} (CUDA {} driver), streaming read {}; {} new tokens per cell{}",
             if self.sample {
                 "SAMPLE (a test fixture, not a run to cite): "
             } else {
@@ -569,7 +622,7 @@ impl BenchReport {
             self.model.name,
             self.device.name,
             self.device.driver,
-            self.bandwidth.read_gbs,
+            self.bandwidth.describe(),
             self.cells.first().map_or(0, |c| c.new_tokens),
             match &self.peers {
                 Some(p) => format!("; peers: {}", p.summary()),

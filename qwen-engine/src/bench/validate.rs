@@ -228,6 +228,35 @@ impl BenchReport {
                 format!("is {}, outside its runs ({lo} to {hi})", b.read_gbs),
             );
         }
+        for (i, r) in b.readers.iter().enumerate() {
+            if r.entry.is_empty() {
+                c.fail(&format!("readers[{i}].entry"), "is empty: name the kernel");
+            }
+            c.positive(&format!("readers[{i}].read_gbs"), r.read_gbs);
+            if r.runs.is_empty() {
+                c.fail(
+                    &format!("readers[{i}].runs"),
+                    "is empty: store each timed run's GB/s",
+                );
+            }
+            if r.read_gbs > b.read_gbs * (1.0 + DERIVED_RTOL) {
+                c.fail(
+                    "read_gbs",
+                    format!(
+                        "is {}, slower than reader {} ({}): the limit is the fastest reader's",
+                        b.read_gbs, r.entry, r.read_gbs
+                    ),
+                );
+            }
+        }
+        if !b.readers.is_empty()
+            && !b
+                .readers
+                .iter()
+                .any(|r| (r.read_gbs - b.read_gbs).abs() <= b.read_gbs.abs() * DERIVED_RTOL)
+        {
+            c.fail("read_gbs", format!("is {}, no reader's median", b.read_gbs));
+        }
     }
 
     fn check_cells(&self, problems: &mut Vec<Problem>) {

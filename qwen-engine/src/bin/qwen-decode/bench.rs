@@ -15,13 +15,13 @@ use std::time::Instant;
 
 use aot_kernels::device::{timing_event, CudaContext, CudaStream};
 use aot_kernels::dispatch::{Policy, ToolchainChoice};
-use aot_kernels::ops::bench::{stream_read, stream_read_blocks};
+use aot_kernels::ops::bench::{stream_read_with, Reader};
 use aot_kernels::ops::random::random_bits;
 use aot_kernels::ops::sampling::SamplingParams;
 use aot_kernels::ops::{dev, dev_mut};
 use qwen_engine::bench::report::{
     now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,
-    ModelInfo, Peers, Prefill,
+    ModelInfo, Peers, Prefill, ReaderRuns,
 };
 use qwen_engine::config::Qwen3Config;
 use qwen_engine::engine::{Engine, EngineOptions};
@@ -121,12 +121,9 @@ fn nvidia_smi_clocks() -> Result<Clocks, String> {
     }
 }
 
-/// Read bandwidth of our streaming kernel: the median of `runs` reads of `bytes`.
-fn measure_bandwidth(
-    runner: &GpuRunner,
-    bytes: usize,
-    runs: usize,
-) -> Result<(f64, Vec<f64>), String> {
+/// Read bandwidth of our streaming kernels over one buffer of `bytes`: each reader's median of
+/// `runs` reads (the readers alternate, so both see the same clocks), the fastest sets the limit.
+fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Bandwidth, String> {
     let k = runner.kernels();
     let s = k.stream();
     let words = (bytes / 16) * 4;
@@ -142,37 +139,50 @@ fn measure_bandwidth(
             .map_err(|e| format!("{e}"))?;
         at += n;
     }
-    let blocks = stream_read_blocks(k.sm_count());
-    let mut xor = s.alloc_zeros::<u32>(blocks).map_err(|e| format!("{e}"))?;
     // Each 16-byte group folds to 1 ^ 2 ^ 3 ^ 4 = 4; an even number of groups to 0.
     let want: u32 = if (words / 4).is_multiple_of(2) { 0 } else { 4 };
-    let mut gbs = Vec::new();
+    let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); Reader::ALL.len()];
     for i in 0..runs + 1 {
-        let (a, b) = (
-            timing_event(k.context()).map_err(|e| e.to_string())?,
-            timing_event(k.context()).map_err(|e| e.to_string())?,
-        );
-        a.record(s).map_err(|e| e.to_string())?;
-        stream_read(k, dev(k, &data), dev_mut(k, &mut xor)).map_err(|e| e.to_string())?;
-        b.record(s).map_err(|e| e.to_string())?;
-        b.synchronize().map_err(|e| e.to_string())?;
-        let ms = a.elapsed_ms(&b).map_err(|e| e.to_string())?;
-        let folded = s
-            .clone_dtoh(&xor)
-            .map_err(|e| e.to_string())?
-            .iter()
-            .fold(0, |x, &y| x ^ y);
-        if folded != want {
-            return Err(format!(
-                "the streaming read folded to {folded:#x}, expected {want:#x}: a read went wrong"
-            ));
-        }
-        if i > 0 {
-            gbs.push((words * 4) as f64 / (f64::from(ms) * 1e-3) / 1e9);
+        for (r, &reader) in Reader::ALL.iter().enumerate() {
+            let mut xor = s
+                .alloc_zeros::<u32>(reader.blocks(k.sm_count()))
+                .map_err(|e| format!("{e}"))?;
+            let (a, b) = (
+                timing_event(k.context()).map_err(|e| e.to_string())?,
+                timing_event(k.context()).map_err(|e| e.to_string())?,
+            );
+            a.record(s).map_err(|e| e.to_string())?;
+            stream_read_with(k, reader, dev(k, &data), dev_mut(k, &mut xor))
+                .map_err(|e| e.to_string())?;
+            b.record(s).map_err(|e| e.to_string())?;
+            b.synchronize().map_err(|e| e.to_string())?;
+            let ms = a.elapsed_ms(&b).map_err(|e| e.to_string())?;
+            let folded = s
+                .clone_dtoh(&xor)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .fold(0, |x, &y| x ^ y);
+            if folded != want {
+                return Err(format!(
+                    "the streaming read ({}) folded to {folded:#x}, expected {want:#x}: a read went wrong",
+                    reader.entry()
+                ));
+            }
+            if i > 0 {
+                gbs[r].push((words * 4) as f64 / (f64::from(ms) * 1e-3) / 1e9);
+            }
         }
     }
-    let median = qwen_engine::bench::report::median_and_p90(&gbs).map_or(0.0, |m| m.0);
-    Ok((median, gbs))
+    let readers = Reader::ALL
+        .iter()
+        .zip(gbs)
+        .map(|(reader, runs)| ReaderRuns {
+            entry: reader.entry().to_string(),
+            read_gbs: qwen_engine::bench::report::median_and_p90(&runs).map_or(0.0, |m| m.0),
+            runs,
+        })
+        .collect();
+    Bandwidth::fastest(bytes as u64, readers).ok_or_else(|| "no streaming reader ran".to_string())
 }
 
 fn prompt(input: usize, vocab: usize, seed: u64, request: u64) -> Vec<u32> {
@@ -414,17 +424,14 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             serde_json::to_value(report).map_err(|e| e.to_string())?,
         );
         if bandwidth.is_none() {
-            let (gbs, runs) = measure_bandwidth(&runner, bw_bytes, 5)?;
+            let b = measure_bandwidth(&runner, bw_bytes, 5)?;
             eprintln!(
-                "streaming read: {gbs:.0} GB/s (median of {} runs over {} bytes)",
-                runs.len(),
+                "streaming read: {} (medians of {} runs over {} bytes)",
+                b.describe(),
+                b.runs.len(),
                 bw_bytes
             );
-            bandwidth = Some(Bandwidth {
-                read_gbs: gbs,
-                bytes: bw_bytes as u64,
-                runs,
-            });
+            bandwidth = Some(b);
             let memory = runner
                 .kernels()
                 .context()

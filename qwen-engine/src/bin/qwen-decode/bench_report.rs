@@ -47,7 +47,7 @@ pub fn bench_report(args: BenchReportArgs) -> ExitCode {
         Err(e) => return fail(format!("{what}: {e}")),
     };
     println!(
-        "{what}: valid {} bundle{}: {} on {} (capability {}, CUDA {} driver), {} cells, streaming read {:.0} GB/s, peers {}",
+        "{what}: valid {} bundle{}: {} on {} (capability {}, CUDA {} driver), {} cells, streaming read {}, peers {}",
         report.schema,
         if report.sample { " (a SAMPLE: a test fixture, not a run to cite)" } else { "" },
         report.model.name,
@@ -55,7 +55,7 @@ pub fn bench_report(args: BenchReportArgs) -> ExitCode {
         report.device.capability,
         report.device.driver,
         report.cells.len(),
-        report.bandwidth.read_gbs,
+        report.bandwidth.describe(),
         if report.peers.is_some() { "present" } else { "absent" },
     );
     if args.markdown {
