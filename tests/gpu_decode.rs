@@ -1235,8 +1235,10 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_stream_read_reads_every_word() {
     // Both readers, every policy: a word, a tail, fewer bulk chunks (16 KiB) than blocks, some
-    // chunks plus a tail that is not a whole chunk, and 16 MiB. The bulk reader folds its last
-    // block's tail with loads, and under ptx-only (compute_80 PTX) folds everything with loads.
+    // chunks plus a tail that is not a whole chunk, 16 MiB, and nine chunks a block and a tail
+    // (each block's ring of four slots then taken more than twice over, every parity used). The
+    // bulk reader folds its last block's tail with loads, and under ptx-only (compute_80 PTX)
+    // folds everything with loads.
     use aot_kernels::ops::bench::{stream_read_with, xor_reference, Reader};
     let mut rng = seed("stream_read");
     let d = device();
@@ -1245,12 +1247,14 @@ fn gpu_stream_read_reads_every_word() {
         let s = kr.stream();
         for reader in Reader::ALL {
             let blocks = reader.blocks(kr.sm_count());
+            let ring_reuse = 4096 * Reader::Bulk.blocks(kr.sm_count()) * 9 + 12;
             for words in [
                 4usize,
                 4 * 1001,
                 4096 * 7 + 12,
                 4096 * 1000 + 4 * 77,
                 1 << 22,
+                ring_reuse,
             ] {
                 let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
                 let dd = upload(s, &data);

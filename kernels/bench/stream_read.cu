@@ -44,8 +44,9 @@ extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* _
 // other warps fold each slot into their XOR and release it on its `empty` barrier. The bytes past
 // the last whole chunk are folded by the last block's consumers with loads. Compiled for an older
 // target (or the compute_80 PTX) the kernel folds everything with loads instead, the same result.
-// The launch: src/ops/bench.rs (BULK_THREADS, BULK_SMEM = kBulkStages * kBulkChunk bytes, two
-// blocks an SM).
+// The launch: `Reader::Bulk` in src/ops/bench.rs (kBulkThreads threads, kBulkStages * kBulkChunk
+// bytes of dynamic shared memory, twice as many blocks as SMs: two an SM where they fit, as on
+// the H200; on a 100 KiB SM one at a time).
 namespace aot_stream {
 constexpr int kBulkThreads = 160;  // one producer warp, four consumer warps
 }  // namespace aot_stream

@@ -354,7 +354,13 @@ fn broken_bundles_are_refused_naming_the_cell_and_field() {
             &["bandwidth: `read_gbs` is 4234.532160713556, slower than reader stream_read_bulk_u32 (4560)"]),
         ("the limit no reader's", |v| v["bandwidth"]["readers"] = json!([
             {"entry": "stream_read_u32", "read_gbs": 3000.0, "runs": [3000.0]}]),
-            &["bandwidth: `read_gbs` is 4234.532160713556, no reader's median"]),
+            &["bandwidth: `read_gbs` is 4234.532160713556, not a reader's median with that reader's runs"]),
+        ("the limit with another reader's runs", |v| v["bandwidth"]["readers"] = json!([
+            {"entry": "stream_read_bulk_u32", "read_gbs": 4234.532160713556, "runs": [4234.532160713556, 4230.0]}]),
+            &["bandwidth: `read_gbs` is 4234.532160713556, not a reader's median with that reader's runs"]),
+        ("a reader outside its runs", |v| v["bandwidth"]["readers"] = json!([
+            {"entry": "stream_read_u32", "read_gbs": 4000.0, "runs": [4100.0, 4200.0]}]),
+            &["bandwidth: `readers[0].read_gbs` is 4000, outside its runs (4100 to 4200)"]),
         ("a reader without runs", |v| v["bandwidth"]["readers"] = json!([
             {"entry": "stream_read_bulk_u32", "read_gbs": 4234.532160713556, "runs": []}]),
             &["bandwidth: `readers[0].runs` is empty"]),

@@ -96,6 +96,15 @@ pub fn stream_read_with(
             ),
         });
     }
+    if !data.addr().is_multiple_of(16) {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "data starts at {:#x}: need a 16-byte aligned view (16-byte reads and bulk copies)",
+                data.addr()
+            ),
+        });
+    }
     let blocks = reader.blocks(kernels.sm_count());
     check_view(op, "block_xor", block_xor.len(), &[blocks])?;
     let entry = reader.entry();

@@ -130,17 +130,29 @@ fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Ba
     let mut data = s
         .alloc_zeros::<u32>(words)
         .map_err(|e| format!("bandwidth buffer: {e}"))?;
-    // A pattern, so the fold is not trivially zero: word i of every 16-byte group gets i + 1.
-    let pattern: Vec<u32> = (0..(1 << 20)).map(|i| (i % 4 + 1) as u32).collect();
-    let mut at = 0;
+    // Pseudo-random words repeating every 4 MiB (256 bulk chunks of 16 KiB), so that every chunk
+    // folds to its own value: a chunk skipped, read twice or read from a stale slot changes the
+    // fold. `want` is the fold of what was uploaded.
+    let pattern: Vec<u32> = (0..(1u64 << 20))
+        .map(|i| {
+            let x = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            (x >> 32) as u32 ^ x as u32
+        })
+        .collect();
+    let fold = |w: &[u32]| w.iter().fold(0u32, |a, &b| a ^ b);
+    let pattern_fold = fold(&pattern);
+    let (mut at, mut want) = (0, 0u32);
     while at < words {
         let n = pattern.len().min(words - at);
         s.memcpy_htod(&pattern[..n], &mut data.slice_mut(at..at + n))
             .map_err(|e| format!("{e}"))?;
+        want ^= if n == pattern.len() {
+            pattern_fold
+        } else {
+            fold(&pattern[..n])
+        };
         at += n;
     }
-    // Each 16-byte group folds to 1 ^ 2 ^ 3 ^ 4 = 4; an even number of groups to 0.
-    let want: u32 = if (words / 4).is_multiple_of(2) { 0 } else { 4 };
     let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); Reader::ALL.len()];
     for i in 0..runs + 1 {
         for (r, &reader) in Reader::ALL.iter().enumerate() {
