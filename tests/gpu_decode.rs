@@ -1239,7 +1239,7 @@ fn gpu_stream_read_reads_every_word() {
     // (each block's ring of four slots then taken more than twice over, every parity used). The
     // bulk reader folds its last block's tail with loads, and under ptx-only (compute_80 PTX)
     // folds everything with loads.
-    use aot_kernels::ops::bench::{stream_read_with, xor_reference, Reader};
+    use aot_kernels::ops::bench::{stream_read, xor_reference, Reader};
     let mut rng = seed("stream_read");
     let d = device();
     for policy in [Policy::Auto, Policy::PtxOnly] {
@@ -1259,7 +1259,7 @@ fn gpu_stream_read_reads_every_word() {
                 let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
                 let dd = upload(s, &data);
                 let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
-                stream_read_with(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
+                stream_read(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
                 let got = s.clone_dtoh(&out).unwrap().iter().fold(0, |a, &b| a ^ b);
                 assert_eq!(
                     got,
@@ -1269,7 +1269,7 @@ fn gpu_stream_read_reads_every_word() {
             }
             let dd = upload(s, &[1u32, 2, 3]);
             let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
-            let err = stream_read_with(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out))
+            let err = stream_read(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out))
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("multiple of 4"), "{err}");

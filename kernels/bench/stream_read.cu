@@ -6,10 +6,14 @@
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
-extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* __restrict__ data,
-                                                                  unsigned long long words16,
-                                                                  unsigned* __restrict__ block_xor) {
-    __shared__ unsigned scratch[16];
+namespace aot_stream {
+constexpr int kBulkThreads = 160;  // stream_read_bulk_u32: one producer warp, four consumer warps
+
+__device__ __forceinline__ unsigned fold16(const uint4& v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// This thread's XOR of words [tid, tid + threads, ...) of `data` (every thread of the grid), four
+// loads in flight.
+__device__ __forceinline__ unsigned fold_loads(const uint4* __restrict__ data, unsigned long long words16) {
     const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
     unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     unsigned acc = 0;
@@ -18,12 +22,14 @@ extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* _
         const uint4 b = aot::ld_stream16(data + i + stride);
         const uint4 c = aot::ld_stream16(data + i + 2 * stride);
         const uint4 d = aot::ld_stream16(data + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+        acc ^= fold16(a) ^ fold16(b) ^ fold16(c) ^ fold16(d);
     }
-    for (; i < words16; i += stride) {
-        const uint4 a = aot::ld_stream16(data + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
+    for (; i < words16; i += stride) acc ^= fold16(aot::ld_stream16(data + i));
+    return acc;
+}
+
+// The XOR of every thread's `acc` into block_xor[blockIdx.x]; `scratch` holds a word a warp.
+__device__ __forceinline__ void write_block_fold(unsigned acc, unsigned* scratch, unsigned* __restrict__ block_xor) {
     for (int off = 16; off > 0; off >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, off);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = acc;
     __syncthreads();
@@ -32,6 +38,14 @@ extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* _
         for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total ^= scratch[w];
         block_xor[blockIdx.x] = total;
     }
+}
+}  // namespace aot_stream
+
+extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* __restrict__ data,
+                                                                  unsigned long long words16,
+                                                                  unsigned* __restrict__ block_xor) {
+    __shared__ unsigned scratch[16];
+    aot_stream::write_block_fold(aot_stream::fold_loads(data, words16), scratch, block_xor);
 }
 
 // The same read through the Tensor Memory Accelerator (sm_90 and later). On the H200 it reads
@@ -44,20 +58,16 @@ extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* _
 // other warps fold each slot into their XOR and release it on its `empty` barrier. The bytes past
 // the last whole chunk are folded by the last block's consumers with loads. Compiled for an older
 // target (or the compute_80 PTX) the kernel folds everything with loads instead, the same result.
-// The launch: `Reader::Bulk` in src/ops/bench.rs (kBulkThreads threads, kBulkStages * kBulkChunk
-// bytes of dynamic shared memory, twice as many blocks as SMs: two an SM where they fit, as on
-// the H200; on a 100 KiB SM one at a time).
-namespace aot_stream {
-constexpr int kBulkThreads = 160;  // one producer warp, four consumer warps
-}  // namespace aot_stream
-
+// The launch: `Reader::Bulk` in src/ops/bench.rs (aot_stream::kBulkThreads threads, kBulkStages *
+// kBulkChunk bytes of dynamic shared memory, twice as many blocks as SMs: two an SM where they
+// fit, as on the H200; on a 100 KiB SM one at a time).
 extern "C" __global__ void __launch_bounds__(aot_stream::kBulkThreads)
     stream_read_bulk_u32(const uint4* __restrict__ data, unsigned long long words16, unsigned* __restrict__ block_xor) {
     using namespace aot_stream;
     __shared__ unsigned scratch[kBulkThreads / 32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     unsigned acc = 0;
 #if AOT_HAS_BULK
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int kBulkConsumers = kBulkThreads / 32 - 1;
     constexpr int kBulkStages = 4;
     constexpr int kBulkChunk = 16384;
@@ -88,33 +98,19 @@ extern "C" __global__ void __launch_bounds__(aot_stream::kBulkThreads)
             const unsigned k = static_cast<unsigned>(c - c0), s = k % kBulkStages;
             aot::mbar_wait(&full[s], (k / kBulkStages) & 1);
             for (int j = (warp - 1) * 32 + lane; j < static_cast<int>(kWords); j += kBulkConsumers * 32) {
-                const uint4 v = ring[s * kWords + j];
-                acc ^= v.x ^ v.y ^ v.z ^ v.w;
+                acc ^= fold16(ring[s * kWords + j]);
             }
             __syncwarp();
             if (lane == 0) aot::mbar_arrive(&empty[s]);
         }
         if (blockIdx.x == gridDim.x - 1) {
             for (unsigned long long i = chunks * kWords + (warp - 1) * 32 + lane; i < words16; i += kBulkConsumers * 32) {
-                const uint4 v = aot::ld_stream16(data + i);
-                acc ^= v.x ^ v.y ^ v.z ^ v.w;
+                acc ^= fold16(aot::ld_stream16(data + i));
             }
         }
     }
 #else
-    const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-    for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < words16;
-         i += stride) {
-        const uint4 v = aot::ld_stream16(data + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
+    acc = fold_loads(data, words16);
 #endif
-    for (int off = 16; off > 0; off >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) scratch[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned total = 0;
-        for (int w = 0; w < kBulkThreads / 32; ++w) total ^= scratch[w];
-        block_xor[blockIdx.x] = total;
-    }
+    write_block_fold(acc, scratch, block_xor);
 }

@@ -1,6 +1,6 @@
-//! The streaming-read kernel (module `bench`): reads a buffer once at full speed, folding it into
-//! an XOR per block. Benchmarks time it to measure the read bandwidth in the same run as the
-//! engine; the fold proves every byte was read.
+//! The streaming-read kernels (module `bench`, one per [`Reader`]): each reads a buffer once at
+//! full speed, folding it into an XOR per block. Benchmarks time them to measure the read
+//! bandwidth in the same run as the engine; the fold proves every byte was read.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -59,28 +59,14 @@ impl Reader {
     }
 }
 
-/// Blocks the loads reader uses on a GPU of `sm_count` SMs (the length `block_xor` needs).
-pub fn stream_read_blocks(sm_count: usize) -> usize {
-    Reader::Loads.blocks(sm_count)
-}
-
 /// Reference: the XOR of every 32-bit word.
 pub fn xor_reference(data: &[u32]) -> u32 {
     data.iter().fold(0, |a, &b| a ^ b)
 }
 
-/// Reads `data` (a multiple of 4 words) once with plain loads; `block_xor` gets one fold per block.
-pub fn stream_read(
-    kernels: &LoadedKernels,
-    data: DevRef<'_, u32>,
-    block_xor: DevMut<'_, u32>,
-) -> Result<(), OpsError> {
-    stream_read_with(kernels, Reader::Loads, data, block_xor)
-}
-
 /// Reads `data` (a multiple of 4 words) once with `reader`; `block_xor` gets one fold per block
 /// (`reader.blocks(sm_count)` of them).
-pub fn stream_read_with(
+pub fn stream_read(
     kernels: &LoadedKernels,
     reader: Reader,
     data: DevRef<'_, u32>,

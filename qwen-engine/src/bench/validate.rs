@@ -74,6 +74,46 @@ impl Checker<'_> {
         }
     }
 
+    /// A streaming read's GB/s (`{prefix}read_gbs`, the median of `{prefix}runs`): in range, and
+    /// within its runs, each a positive figure.
+    fn reading(&mut self, prefix: &str, read_gbs: f64, runs: &[f64]) {
+        let field = format!("{prefix}read_gbs");
+        if self.positive(&field, read_gbs)
+            && !(READ_GBS_RANGE.0..=READ_GBS_RANGE.1).contains(&read_gbs)
+        {
+            self.fail(
+                &field,
+                format!(
+                    "is {read_gbs}: outside {}..{} GB/s (GB/s is 1e9 bytes per second, not TB/s or GiB/s)",
+                    READ_GBS_RANGE.0, READ_GBS_RANGE.1
+                ),
+            );
+        }
+        if runs.is_empty() {
+            self.fail(
+                &format!("{prefix}runs"),
+                "is empty: store each timed run's GB/s",
+            );
+        }
+        for (i, &r) in runs.iter().enumerate() {
+            self.positive(&format!("{prefix}runs[{i}]"), r);
+        }
+        let (lo, hi) = runs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
+                (lo.min(r), hi.max(r))
+            });
+        if !runs.is_empty()
+            && read_gbs.is_finite()
+            && !(lo * (1.0 - DERIVED_RTOL)..=hi * (1.0 + DERIVED_RTOL)).contains(&read_gbs)
+        {
+            self.fail(
+                &field,
+                format!("is {read_gbs}, outside its runs ({lo} to {hi})"),
+            );
+        }
+    }
+
     /// `stored` against its definition.
     fn derived(&mut self, field: &str, stored: f64, computed: f64, definition: &str) {
         if stored.is_finite() && computed.is_finite() && !close(stored, computed) {
@@ -195,73 +235,13 @@ impl BenchReport {
         }
         c.place = "bandwidth".into();
         let b = &self.bandwidth;
-        if c.positive("read_gbs", b.read_gbs)
-            && !(READ_GBS_RANGE.0..=READ_GBS_RANGE.1).contains(&b.read_gbs)
-        {
-            c.fail(
-                "read_gbs",
-                format!(
-                    "is {}: outside {}..{} GB/s (GB/s is 1e9 bytes per second, not TB/s or GiB/s)",
-                    b.read_gbs, READ_GBS_RANGE.0, READ_GBS_RANGE.1
-                ),
-            );
-        }
+        c.reading("", b.read_gbs, &b.runs);
         c.at_least_one("bytes", b.bytes);
-        if b.runs.is_empty() {
-            c.fail("runs", "is empty: store each timed run's GB/s");
-        }
-        for (i, &r) in b.runs.iter().enumerate() {
-            c.positive(&format!("runs[{i}]"), r);
-        }
-        let (lo, hi) = b
-            .runs
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
-                (lo.min(r), hi.max(r))
-            });
-        if !b.runs.is_empty()
-            && b.read_gbs.is_finite()
-            && !(lo * (1.0 - DERIVED_RTOL)..=hi * (1.0 + DERIVED_RTOL)).contains(&b.read_gbs)
-        {
-            c.fail(
-                "read_gbs",
-                format!("is {}, outside its runs ({lo} to {hi})", b.read_gbs),
-            );
-        }
         for (i, r) in b.readers.iter().enumerate() {
             if r.entry.is_empty() {
                 c.fail(&format!("readers[{i}].entry"), "is empty: name the kernel");
             }
-            if c.positive(&format!("readers[{i}].read_gbs"), r.read_gbs)
-                && !(READ_GBS_RANGE.0..=READ_GBS_RANGE.1).contains(&r.read_gbs)
-            {
-                c.fail(
-                    &format!("readers[{i}].read_gbs"),
-                    format!(
-                        "is {}: outside {}..{} GB/s",
-                        r.read_gbs, READ_GBS_RANGE.0, READ_GBS_RANGE.1
-                    ),
-                );
-            }
-            if r.runs.is_empty() {
-                c.fail(
-                    &format!("readers[{i}].runs"),
-                    "is empty: store each timed run's GB/s",
-                );
-            } else {
-                let (lo, hi) = r
-                    .runs
-                    .iter()
-                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-                        (lo.min(x), hi.max(x))
-                    });
-                if !(lo * (1.0 - DERIVED_RTOL)..=hi * (1.0 + DERIVED_RTOL)).contains(&r.read_gbs) {
-                    c.fail(
-                        &format!("readers[{i}].read_gbs"),
-                        format!("is {}, outside its runs ({lo} to {hi})", r.read_gbs),
-                    );
-                }
-            }
+            c.reading(&format!("readers[{i}]."), r.read_gbs, &r.runs);
             if r.read_gbs > b.read_gbs * (1.0 + DERIVED_RTOL) {
                 c.fail(
                     "read_gbs",

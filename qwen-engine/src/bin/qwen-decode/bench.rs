@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use aot_kernels::device::{timing_event, CudaContext, CudaStream};
 use aot_kernels::dispatch::{Policy, ToolchainChoice};
-use aot_kernels::ops::bench::{stream_read_with, Reader};
+use aot_kernels::ops::bench::{stream_read, xor_reference, Reader};
 use aot_kernels::ops::random::random_bits;
 use aot_kernels::ops::sampling::SamplingParams;
 use aot_kernels::ops::{dev, dev_mut};
@@ -139,8 +139,7 @@ fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Ba
             (x >> 32) as u32 ^ x as u32
         })
         .collect();
-    let fold = |w: &[u32]| w.iter().fold(0u32, |a, &b| a ^ b);
-    let pattern_fold = fold(&pattern);
+    let pattern_fold = xor_reference(&pattern);
     let (mut at, mut want) = (0, 0u32);
     while at < words {
         let n = pattern.len().min(words - at);
@@ -149,31 +148,28 @@ fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Ba
         want ^= if n == pattern.len() {
             pattern_fold
         } else {
-            fold(&pattern[..n])
+            xor_reference(&pattern[..n])
         };
         at += n;
     }
     let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); Reader::ALL.len()];
+    let mut xors = Reader::ALL
+        .iter()
+        .map(|r| s.alloc_zeros::<u32>(r.blocks(k.sm_count())))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{e}"))?;
     for i in 0..runs + 1 {
-        for (r, &reader) in Reader::ALL.iter().enumerate() {
-            let mut xor = s
-                .alloc_zeros::<u32>(reader.blocks(k.sm_count()))
-                .map_err(|e| format!("{e}"))?;
+        for (r, (&reader, xor)) in Reader::ALL.iter().zip(&mut xors).enumerate() {
             let (a, b) = (
                 timing_event(k.context()).map_err(|e| e.to_string())?,
                 timing_event(k.context()).map_err(|e| e.to_string())?,
             );
             a.record(s).map_err(|e| e.to_string())?;
-            stream_read_with(k, reader, dev(k, &data), dev_mut(k, &mut xor))
-                .map_err(|e| e.to_string())?;
+            stream_read(k, reader, dev(k, &data), dev_mut(k, xor)).map_err(|e| e.to_string())?;
             b.record(s).map_err(|e| e.to_string())?;
             b.synchronize().map_err(|e| e.to_string())?;
             let ms = a.elapsed_ms(&b).map_err(|e| e.to_string())?;
-            let folded = s
-                .clone_dtoh(&xor)
-                .map_err(|e| e.to_string())?
-                .iter()
-                .fold(0, |x, &y| x ^ y);
+            let folded = xor_reference(&s.clone_dtoh(xor).map_err(|e| e.to_string())?);
             if folded != want {
                 return Err(format!(
                     "the streaming read ({}) folded to {folded:#x}, expected {want:#x}: a read went wrong",
