@@ -12,6 +12,12 @@ pub const ENTRY: &str = "stream_read_u32";
 /// The bulk-copy reader ([`Reader::Bulk`]).
 pub const ENTRY_BULK: &str = "stream_read_bulk_u32";
 const THREADS: u32 = 512;
+/// The bulk reader's launch, as the kernel declares it (kBulkThreads, kBulkStages, kBulkChunk in
+/// kernels/bench/stream_read.cu): one producer warp and four consumer warps, a ring of four 16 KiB
+/// slots.
+const BULK_THREADS: u32 = 160;
+const BULK_STAGES: usize = 4;
+const BULK_CHUNK: usize = 16384;
 
 /// The two ways the module reads: plain 16-byte loads (every GPU) or bulk copies into shared
 /// memory through the Tensor Memory Accelerator (sm_90 images; older images fold with loads).
@@ -45,16 +51,15 @@ impl Reader {
     fn threads(self) -> u32 {
         match self {
             Reader::Loads => THREADS,
-            Reader::Bulk => 160,
+            Reader::Bulk => BULK_THREADS,
         }
     }
 
-    /// Dynamic shared memory: the bulk reader's ring, 4 slots of 16 KiB (the kernel's kBulkStages
-    /// and kBulkChunk).
+    /// Dynamic shared memory: the bulk reader's ring.
     fn smem(self) -> usize {
         match self {
             Reader::Loads => 0,
-            Reader::Bulk => 4 * 16384,
+            Reader::Bulk => BULK_STAGES * BULK_CHUNK,
         }
     }
 }
@@ -110,4 +115,25 @@ pub fn stream_read(
     unsafe { b.launch(cfg) }
         .map(|_| ())
         .map_err(|source| OpsError::Driver { op, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bulk_launch_mirrors_the_kernel() {
+        // The host sizes the bulk reader's threads and ring from these; the kernel runs kBulkThreads
+        // threads and fills kBulkStages slots of kBulkChunk bytes.
+        let src = include_str!("../../kernels/bench/stream_read.cu");
+        for decl in [
+            format!("constexpr int kBulkThreads = {BULK_THREADS};"),
+            format!("constexpr int kBulkStages = {BULK_STAGES};"),
+            format!("constexpr int kBulkChunk = {BULK_CHUNK};"),
+        ] {
+            assert!(src.contains(&decl), "stream_read.cu lacks `{decl}`");
+        }
+        assert_eq!(Reader::Bulk.threads(), BULK_THREADS);
+        assert_eq!(Reader::Bulk.smem(), 65536);
+    }
 }
