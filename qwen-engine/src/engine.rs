@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::config::Qwen3Config;
-use crate::kv::block_bytes;
+use crate::memory::block_bytes;
+use crate::model::ModelDesc;
 use crate::runner::{Runner, RunnerError};
 use crate::scheduler::{Event, RequestId, RequestSpec, Scheduler, SchedulerLimits, SubmitError};
 
@@ -20,9 +20,9 @@ pub struct EngineOptions {
 }
 
 impl EngineOptions {
-    pub fn for_model(config: &Qwen3Config) -> Self {
+    pub fn for_model(model: &ModelDesc) -> Self {
         EngineOptions {
-            max_context: config.max_position_embeddings,
+            max_context: model.max_context,
             prefill_chunk: 512,
         }
     }
@@ -53,21 +53,22 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(runner: Box<dyn Runner>, config: &Qwen3Config, options: EngineOptions) -> Self {
+    pub fn new(runner: Box<dyn Runner>, model: &ModelDesc, options: EngineOptions) -> Self {
         let limits = SchedulerLimits {
             slots: runner.max_slots(),
             kv_blocks: runner.kv_blocks(),
+            state_slots: runner.state_slots(),
             max_context: options
                 .max_context
-                .min(config.max_position_embeddings)
+                .min(model.max_context)
                 .min(runner.max_context()),
-            vocab: config.vocab_size,
+            vocab: model.vocab_size,
             prefill_chunk: options.prefill_chunk.max(1),
-            block_bytes: block_bytes(config),
+            block_bytes: block_bytes(model),
         };
         Engine {
             runner,
-            scheduler: Scheduler::new(limits, config.eos_token_ids.clone()),
+            scheduler: Scheduler::new(limits, model),
             times: StepTimes::default(),
             last_logits: Vec::new(),
             keep_logits: false,
@@ -91,13 +92,15 @@ impl Engine {
         self.times
     }
 
-    /// Admits a request, or says why it cannot be served (the running ones are not affected).
+    /// Queues a request (it runs as soon as a slot and its memory are free, in submission
+    /// order), or says why it can never be served (the others are not affected).
     pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, SubmitError> {
-        self.scheduler.submit(spec).map(|(id, _)| id)
+        self.scheduler.submit(spec)
     }
 
+    /// Nothing running and nothing waiting.
     pub fn is_idle(&self) -> bool {
-        self.scheduler.active() == 0
+        self.scheduler.is_idle()
     }
 
     /// The logits of the last step's samples, by request (with [`Engine::keep_logits`]).

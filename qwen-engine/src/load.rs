@@ -1,9 +1,10 @@
-//! Opening a Hugging Face model folder: `config.json` ([`Qwen3Config::from_file`]), the
+//! Opening a Hugging Face model folder: `config.json` ([`ModelConfig::from_file`]), the
 //! safetensors checkpoint ([`crate::weights::safetensors`]) and `tokenizer.json` if present.
 
 use std::path::Path;
 
-use crate::config::{ConfigError, Qwen3Config};
+use crate::config::ConfigError;
+use crate::model::ModelConfig;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::weights::safetensors::{load_weights, WeightsError};
 use crate::weights::Weights;
@@ -11,7 +12,7 @@ use crate::weights::Weights;
 /// A model folder that cannot be served; each variant's message names the file and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path} is not a folder: a model is a Hugging Face folder (config.json, model.safetensors or its shards, tokenizer.json) or a built-in name (tiny, qwen3-4b)")]
+    #[error("{path} is not a folder: a model is a Hugging Face folder (config.json, model.safetensors or its shards, tokenizer.json) or a built-in name (tiny, qwen3-4b, tiny-moe, qwen3.6-35b-a3b)")]
     NotAFolder { path: String },
     #[error("{dir} has no config.json: download the whole model folder (e.g. `huggingface-cli download Qwen/Qwen3-4B --local-dir {dir}`), not only its weights")]
     MissingConfig { dir: String },
@@ -25,7 +26,7 @@ pub enum LoadError {
 
 /// Loads the model in `dir`: its config, every weight checked against the tensor table (in table
 /// order), and its tokenizer ([`Tokenizer::None`] when the folder has no tokenizer.json).
-pub fn load_model_dir(dir: &Path) -> Result<(Qwen3Config, Weights, Tokenizer), LoadError> {
+pub fn load_model_dir(dir: &Path) -> Result<(ModelConfig, Weights, Tokenizer), LoadError> {
     if !dir.is_dir() {
         return Err(LoadError::NotAFolder {
             path: dir.display().to_string(),
@@ -37,7 +38,7 @@ pub fn load_model_dir(dir: &Path) -> Result<(Qwen3Config, Weights, Tokenizer), L
             dir: dir.display().to_string(),
         });
     }
-    let config = Qwen3Config::from_file(&config_path)?;
+    let config = ModelConfig::from_file(&config_path)?;
     let weights = load_weights(dir, &config)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     Ok((config, Weights::Loaded(weights), tokenizer))

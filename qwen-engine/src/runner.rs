@@ -3,13 +3,12 @@
 //! The scheduler decides *which* sequences run and *what* they feed (a prefill chunk, or the one
 //! token a decode step feeds); a [`Runner`] executes that on its device (`cpu::CpuRunner`, the
 //! fp32 reference; `gpu::GpuRunner`, the AOT kernels) and returns the sampled tokens. Both keep
-//! the KV cache in the same paged layout, addressed through the block tables the scheduler owns.
+//! the KV cache in the same paged layout (blocks of the backend's `KV_BLOCK_TOKENS`), addressed
+//! through the block tables the scheduler owns, and the recurrent state of a hybrid model in
+//! numbered state slots the scheduler hands out.
 
 use aot_kernels::ops::sampling::SamplingParams;
 use serde::Serialize;
-
-/// Tokens per KV-cache block, for every runner.
-pub const KV_BLOCK_SIZE: usize = 16;
 
 /// Draw a token after this sequence's last input token.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,6 +30,9 @@ pub struct SeqStep<'a> {
     pub start_pos: usize,
     /// The slot's KV blocks, covering at least `start_pos + tokens.len()` positions.
     pub blocks: &'a [u32],
+    /// The sequence's recurrent-state slot (models with recurrent layers; `None` otherwise). A
+    /// step with `start_pos == 0` starts from zero state, whatever the slot held before.
+    pub state_slot: Option<u32>,
     /// Sample after the last token (a decode step, or the last chunk of a prompt).
     pub sample: Option<SampleRequest>,
     /// Prompt tokens (any chunk of the prompt, however short) rather than a generated token:
@@ -97,8 +99,12 @@ pub enum RunnerError {
 /// A model on a device, with its KV cache.
 pub trait Runner {
     fn device(&self) -> DeviceKind;
-    /// KV blocks this runner's cache holds ([`KV_BLOCK_SIZE`] tokens each).
+    /// KV blocks this runner's cache holds (`KV_BLOCK_TOKENS` tokens each).
     fn kv_blocks(&self) -> usize;
+    /// Recurrent-state slots this runner holds (0 for a model without recurrent layers).
+    fn state_slots(&self) -> usize {
+        0
+    }
     /// Most sequences one step may carry (the request slots).
     fn max_slots(&self) -> usize;
     /// Longest sequence (prompt + generated) this runner can hold: its position tables and

@@ -1,17 +1,24 @@
-//! Request slots, admission and continuous batching: which sequences run in each step and what
-//! they feed. Pure bookkeeping (no device), so every decision is tested without a GPU.
+//! The request queue, slots, admission and continuous batching: which sequences run in each step
+//! and what they feed. Pure bookkeeping (no device), so every decision is tested without a GPU.
 //!
-//! A request is admitted into a free slot with every KV block it can ever need reserved up
-//! front (prompt + max new tokens), so a running request never waits for memory. Each step
-//! carries one prefill chunk of every request still reading its prompt and one token of every
-//! request that is generating; requests join and finish independently. A finished request's slot
-//! and blocks are free for the next one, whose state starts fresh (its positions start at 0 and
-//! attention reads only the positions it wrote).
+//! A submitted request is checked at once: one that can never run (bad tokens, too long for the
+//! context, larger than the whole KV cache) is refused with the reason. Any other waits in a
+//! first-come queue and is admitted, in order, when a slot and its memory are free: every KV
+//! block it can ever need (prompt + max new tokens) and, for a model with recurrent layers, one
+//! recurrent-state slot ([`crate::memory`]), so a running request never waits for memory. Each
+//! step carries one prefill chunk of every request still reading its prompt and one token of
+//! every request that is generating; requests join and finish independently. A finished
+//! request's slot, blocks and state slot are free for the next one, whose state starts fresh (its
+//! positions start at 0, attention reads only the positions it wrote, and the recurrent state is
+//! zeroed by its first step).
+
+use std::collections::VecDeque;
 
 use aot_kernels::ops::sampling::SamplingParams;
 use serde::Serialize;
 
-use crate::kv::{blocks_for, BlockPool};
+use crate::memory::{Memory, Reservation, Shortfall};
+use crate::model::ModelDesc;
 use crate::runner::{SampleRequest, SeqStep, StepOutput, StepPlan};
 
 /// What a caller asks for.
@@ -53,16 +60,14 @@ pub enum SubmitError {
         new: usize,
         context: usize,
     },
-    #[error("all {slots} request slots are busy; wait for a request to finish (or start the engine with more slots)")]
-    NoFreeSlot { slots: usize },
     #[error("the KV cache is too small for this request: it needs {needed} blocks ({needed_mib:.1} MiB) and the cache has {total} in all; raise --kv-budget or shorten the request")]
     KvTooSmall {
         needed: usize,
         total: usize,
         needed_mib: f64,
     },
-    #[error("the KV cache has {free} free blocks and this request needs {needed}; wait for a running request to finish")]
-    KvBusy { needed: usize, free: usize },
+    #[error("the model has recurrent layers and the runner holds no recurrent-state slot; start it with at least one slot")]
+    NoStateSlots,
     #[error("sampling: {0}")]
     Sampling(String),
 }
@@ -94,7 +99,7 @@ pub enum Event {
 struct Active {
     id: RequestId,
     spec: RequestSpec,
-    blocks: Vec<u32>,
+    memory: Reservation,
     /// Prompt tokens already in the cache.
     prefilled: usize,
     generated: Vec<u32>,
@@ -111,6 +116,8 @@ impl Active {
 pub struct SchedulerLimits {
     pub slots: usize,
     pub kv_blocks: usize,
+    /// Recurrent-state slots (used only for a model with recurrent layers).
+    pub state_slots: usize,
     pub max_context: usize,
     pub vocab: usize,
     /// Most prompt tokens one sequence feeds in a step.
@@ -123,7 +130,9 @@ pub struct SchedulerLimits {
 pub struct Scheduler {
     limits: SchedulerLimits,
     slots: Vec<Option<Active>>,
-    pool: BlockPool,
+    /// Submitted requests not yet admitted, first come first.
+    waiting: VecDeque<(RequestId, RequestSpec)>,
+    memory: Memory,
     eos: Vec<u32>,
     next_id: u64,
 }
@@ -142,12 +151,13 @@ pub struct Scheduled {
 }
 
 impl Scheduler {
-    pub fn new(limits: SchedulerLimits, eos: Vec<u32>) -> Self {
+    pub fn new(limits: SchedulerLimits, model: &ModelDesc) -> Self {
         Scheduler {
             slots: (0..limits.slots).map(|_| None).collect(),
-            pool: BlockPool::new(limits.kv_blocks),
+            waiting: VecDeque::new(),
+            memory: Memory::new(limits.kv_blocks, limits.state_slots, model),
             limits,
-            eos,
+            eos: model.eos_token_ids.clone(),
             next_id: 0,
         }
     }
@@ -160,12 +170,30 @@ impl Scheduler {
         self.slots.iter().flatten().count()
     }
 
-    pub fn free_blocks(&self) -> usize {
-        self.pool.free()
+    /// Requests submitted and not yet admitted.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
-    /// Admits a request into a free slot, reserving its KV blocks, or says why not.
-    pub fn submit(&mut self, spec: RequestSpec) -> Result<(RequestId, usize), SubmitError> {
+    /// Nothing running and nothing waiting.
+    pub fn is_idle(&self) -> bool {
+        self.active() == 0 && self.waiting.is_empty()
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.memory.blocks().free()
+    }
+
+    /// The slot a running request occupies.
+    pub fn slot_of(&self, id: RequestId) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.id == id))
+    }
+
+    /// Queues a request, or refuses one that could never run and says why. It is admitted (in
+    /// submission order) by the next [`Scheduler::schedule`] that finds a slot and its memory free.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, SubmitError> {
         let l = self.limits;
         if spec.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
@@ -195,43 +223,63 @@ impl Scheduler {
                 context: l.max_context,
             });
         }
-        let slot = self
-            .slots
-            .iter()
-            .position(Option::is_none)
-            .ok_or(SubmitError::NoFreeSlot { slots: l.slots })?;
-        let needed = blocks_for(positions);
-        if needed > self.pool.total() {
-            return Err(SubmitError::KvTooSmall {
-                needed,
-                total: self.pool.total(),
-                needed_mib: (needed * l.block_bytes) as f64 / (1 << 20) as f64,
-            });
+        match self.memory.fits_ever(positions) {
+            Ok(()) => {}
+            Err(Shortfall::KvNever { needed, total }) => {
+                return Err(SubmitError::KvTooSmall {
+                    needed,
+                    total,
+                    needed_mib: (needed * l.block_bytes) as f64 / (1 << 20) as f64,
+                })
+            }
+            Err(Shortfall::NoStateSlots) => return Err(SubmitError::NoStateSlots),
+            Err(Shortfall::Busy) => unreachable!("fits_ever never says busy"),
         }
-        let blocks = self.pool.alloc(needed).ok_or(SubmitError::KvBusy {
-            needed,
-            free: self.pool.free(),
-        })?;
         let id = RequestId(self.next_id);
         self.next_id += 1;
-        self.slots[slot] = Some(Active {
-            id,
-            spec,
-            blocks,
-            prefilled: 0,
-            generated: Vec::new(),
-        });
-        Ok((id, slot))
+        self.waiting.push_back((id, spec));
+        Ok(id)
+    }
+
+    /// Admits waiting requests in order while a slot and their memory are free; the first that
+    /// does not fit waits, and so do the ones behind it (no request overtakes an earlier one).
+    fn admit(&mut self) {
+        while let Some((_, spec)) = self.waiting.front() {
+            let Some(slot) = self.slots.iter().position(Option::is_none) else {
+                return;
+            };
+            let positions = spec.prompt.len() + spec.max_new_tokens - 1;
+            let Ok(memory) = self.memory.reserve(positions) else {
+                return;
+            };
+            let (id, spec) = self.waiting.pop_front().expect("front exists");
+            self.slots[slot] = Some(Active {
+                id,
+                spec,
+                memory,
+                prefilled: 0,
+                generated: Vec::new(),
+            });
+        }
     }
 
     /// The blocks of the request in `slot` (for the runner's block table).
     pub fn blocks(&self, slot: usize) -> Option<&[u32]> {
-        self.slots.get(slot)?.as_ref().map(|a| a.blocks.as_slice())
+        self.slots
+            .get(slot)?
+            .as_ref()
+            .map(|a| a.memory.blocks.as_slice())
     }
 
-    /// The next step: a prefill chunk for each request reading its prompt, one token for each
-    /// generating request; slot order.
-    pub fn schedule(&self) -> Vec<Scheduled> {
+    /// The recurrent-state slot of the request in `slot` (models with recurrent layers).
+    pub fn state_slot(&self, slot: usize) -> Option<u32> {
+        self.slots.get(slot)?.as_ref()?.memory.state
+    }
+
+    /// The next step, after admitting what fits of the queue: a prefill chunk for each request
+    /// reading its prompt, one token for each generating request; slot order.
+    pub fn schedule(&mut self) -> Vec<Scheduled> {
+        self.admit();
         let mut out = Vec::new();
         for (slot, a) in self.slots.iter().enumerate() {
             let Some(a) = a else { continue };
@@ -276,6 +324,7 @@ impl Scheduler {
                     tokens: &s.tokens,
                     start_pos: s.start_pos,
                     blocks: self.blocks(s.slot).unwrap_or(&[]),
+                    state_slot: self.state_slot(s.slot),
                     sample: s.sample,
                     prefill: s.prefill,
                     continues: s.continues,
@@ -313,21 +362,22 @@ impl Scheduler {
             if let Some(reason) = reason {
                 events.push(Event::Finished { id: a.id, reason });
                 let done = self.slots[s.slot].take().expect("the slot is active");
-                self.pool.release(done.blocks);
+                self.memory.release(done.memory);
             }
         }
         events
     }
 
-    /// Drops every request (after a runner failure), freeing slots and blocks.
+    /// Drops every request, running or waiting (after a runner failure), freeing their memory.
     pub fn abort_all(&mut self) -> Vec<RequestId> {
         let mut ids = Vec::new();
         for slot in self.slots.iter_mut() {
             if let Some(a) = slot.take() {
                 ids.push(a.id);
-                self.pool.release(a.blocks);
+                self.memory.release(a.memory);
             }
         }
+        ids.extend(self.waiting.drain(..).map(|(id, _)| id));
         ids
     }
 }
@@ -350,11 +400,39 @@ mod tests {
         SchedulerLimits {
             slots: 2,
             kv_blocks: 10,
+            state_slots: 0,
             max_context: 100,
             vocab: 50,
             prefill_chunk: 4,
             block_bytes: 1024,
         }
+    }
+
+    /// A dense model ending at `eos` (with `recurrent`, one whose first layer keeps a state).
+    fn model(eos: &[u32], recurrent: bool) -> ModelDesc {
+        use crate::model::LayerKind;
+        ModelDesc {
+            model_type: "test",
+            vocab_size: 50,
+            hidden_size: 8,
+            max_context: 100,
+            eos_token_ids: eos.to_vec(),
+            layers: vec![
+                if recurrent {
+                    LayerKind::Recurrent
+                } else {
+                    LayerKind::Attention
+                },
+                LayerKind::Attention,
+            ],
+            kv_bytes_per_token: 64,
+            state_bytes: if recurrent { 256 } else { 0 },
+            parameter_count: 0,
+        }
+    }
+
+    fn dense(l: SchedulerLimits, eos: &[u32]) -> Scheduler {
+        Scheduler::new(l, &model(eos, false))
     }
 
     fn spec(prompt: &[u32], new: usize) -> RequestSpec {
@@ -376,9 +454,10 @@ mod tests {
 
     #[test]
     fn prompts_are_chunked_then_decoded_one_token_at_a_time() {
-        let mut s = Scheduler::new(limits(), vec![]);
-        let (id, slot) = s.submit(spec(&[1, 2, 3, 4, 5, 6], 3)).unwrap();
+        let mut s = dense(limits(), &[]);
+        let id = s.submit(spec(&[1, 2, 3, 4, 5, 6], 3)).unwrap();
         let step = s.schedule();
+        let slot = s.slot_of(id).unwrap();
         assert_eq!(
             (
                 step[0].tokens.clone(),
@@ -429,11 +508,11 @@ mod tests {
 
     #[test]
     fn every_step_says_whether_its_sequence_runs_again() {
-        let mut s = Scheduler::new(limits(), vec![]);
+        let mut s = dense(limits(), &[]);
         s.submit(spec(&[1, 2, 3, 4, 5, 6], 3)).unwrap();
         s.submit(spec(&[1, 2], 1)).unwrap();
         let mut seen = Vec::new();
-        while s.active() > 0 {
+        while !s.is_idle() {
             let step = s.schedule();
             seen.push(
                 step.iter()
@@ -461,12 +540,13 @@ mod tests {
 
     #[test]
     fn requests_join_and_leave_independently_and_slots_are_reused() {
-        let mut s = Scheduler::new(limits(), vec![42]);
-        let (a, _) = s.submit(spec(&[1], 5)).unwrap();
+        let mut s = dense(limits(), &[42]);
+        let a = s.submit(spec(&[1], 5)).unwrap();
         let step = s.schedule();
         s.commit(&step, &tokens(1, 3));
-        let (b, slot_b) = s.submit(spec(&[1, 2], 5)).unwrap();
+        let b = s.submit(spec(&[1, 2], 5)).unwrap();
         let step = s.schedule();
+        let slot_b = s.slot_of(b).unwrap();
         assert_eq!(step.len(), 2, "a decodes while b prefills");
         assert!(step[0].tokens.len() == 1 && step[1].start_pos == 0);
         // a hits EOS and leaves; b goes on; a new request takes a's slot.
@@ -486,21 +566,20 @@ mod tests {
             token: 4,
             index: 0
         }));
-        let (_, slot_c) = s.submit(spec(&[7], 2)).expect("a's slot is free again");
-        assert_ne!(slot_c, slot_b);
-        assert_eq!(
-            s.submit(spec(&[1], 2)).unwrap_err(),
-            SubmitError::NoFreeSlot { slots: 2 }
-        );
-        // The new request starts at position 0 in its own blocks.
+        let c = s.submit(spec(&[7], 2)).unwrap();
+        let d = s.submit(spec(&[1], 2)).unwrap();
+        // The new request starts at position 0 in its own blocks; the one after it waits.
         let step = s.schedule();
+        let slot_c = s.slot_of(c).expect("a's slot is free again");
+        assert_ne!(slot_c, slot_b);
+        assert_eq!((s.slot_of(d), s.waiting()), (None, 1));
         let c = step.iter().find(|x| x.slot == slot_c).unwrap();
         assert_eq!((c.start_pos, c.tokens.clone()), (0, vec![7]));
     }
 
     #[test]
     fn bad_requests_are_refused_with_the_reason() {
-        let mut s = Scheduler::new(limits(), vec![]);
+        let mut s = dense(limits(), &[]);
         assert_eq!(
             s.submit(spec(&[], 1)).unwrap_err(),
             SubmitError::EmptyPrompt
@@ -525,16 +604,13 @@ mod tests {
         // 10 blocks of 16 = 160 positions, but the context allows 100: ask for 95 positions (6 blocks) twice.
         let p = vec![1; 80];
         s.submit(spec(&p, 16)).unwrap();
-        assert!(matches!(
-            s.submit(spec(&p, 16)).unwrap_err(),
-            SubmitError::KvBusy { needed: 6, free: 4 }
-        ));
-        let mut small = Scheduler::new(
+        s.schedule();
+        let mut small = dense(
             SchedulerLimits {
                 kv_blocks: 2,
                 ..limits()
             },
-            vec![],
+            &[],
         );
         let err = small.submit(spec(&p, 16)).unwrap_err();
         assert!(
@@ -562,5 +638,97 @@ mod tests {
             SubmitError::Sampling(_)
         ));
         assert_eq!(s.active(), 1, "refusals leave the running request alone");
+    }
+
+    #[test]
+    fn requests_that_could_fit_later_wait_their_turn_in_order() {
+        // 10 blocks: a 95-position request takes 6, so a second one waits for the first.
+        let mut s = dense(limits(), &[]);
+        let long = vec![1; 80];
+        let a = s.submit(spec(&long, 16)).unwrap();
+        let b = s.submit(spec(&long, 16)).unwrap();
+        // A small request behind b would fit now, but does not overtake it.
+        let c = s.submit(spec(&[1], 1)).unwrap();
+        s.schedule();
+        assert_eq!(
+            (s.slot_of(a), s.slot_of(b), s.slot_of(c)),
+            (Some(0), None, None)
+        );
+        assert_eq!(s.waiting(), 2);
+        // Record the order in which requests first get a slot.
+        let mut admitted = vec![a];
+        while !s.is_idle() {
+            let step = s.schedule();
+            for id in [a, b, c] {
+                if s.slot_of(id).is_some() && !admitted.contains(&id) {
+                    admitted.push(id);
+                }
+            }
+            let out = StepOutput {
+                tokens: step.iter().map(|x| x.sample.map(|_| 9)).collect(),
+                logits: vec![],
+            };
+            s.commit(&step, &out);
+        }
+        assert_eq!(admitted, vec![a, b, c], "admitted in submission order");
+        assert_eq!(s.free_blocks(), 10);
+    }
+
+    #[test]
+    fn forty_requests_on_eight_slots_all_run_eight_at_a_time() {
+        let mut s = dense(
+            SchedulerLimits {
+                slots: 8,
+                kv_blocks: 64,
+                ..limits()
+            },
+            &[],
+        );
+        let ids: Vec<RequestId> = (0..40)
+            .map(|_| s.submit(spec(&[1, 2], 3)).unwrap())
+            .collect();
+        let (mut done, mut widest) = (0, 0);
+        while !s.is_idle() {
+            let step = s.schedule();
+            widest = widest.max(step.len());
+            let out = StepOutput {
+                tokens: step.iter().map(|x| x.sample.map(|_| 9)).collect(),
+                logits: vec![],
+            };
+            done += s
+                .commit(&step, &out)
+                .iter()
+                .filter(|e| matches!(e, Event::Finished { .. }))
+                .count();
+        }
+        assert_eq!((done, widest, ids.len()), (40, 8, 40));
+    }
+
+    #[test]
+    fn a_recurrent_model_admits_as_many_requests_as_state_slots() {
+        let l = SchedulerLimits {
+            slots: 4,
+            state_slots: 2,
+            ..limits()
+        };
+        let mut s = Scheduler::new(l, &model(&[], true));
+        let ids: Vec<RequestId> = (0..3).map(|_| s.submit(spec(&[1], 4)).unwrap()).collect();
+        let step = s.schedule();
+        assert_eq!(step.len(), 2, "two state slots, two requests");
+        let states: Vec<Option<u32>> = (0..2).map(|slot| s.state_slot(slot)).collect();
+        assert_eq!(states, vec![Some(0), Some(1)]);
+        let plan = s.plan(&step, false);
+        assert_eq!(plan.seqs[1].state_slot, Some(1));
+        assert_eq!(s.slot_of(ids[2]), None);
+        let none = Scheduler::new(
+            SchedulerLimits {
+                state_slots: 0,
+                ..l
+            },
+            &model(&[], true),
+        )
+        .submit(spec(&[1], 1))
+        .unwrap_err();
+        assert_eq!(none, SubmitError::NoStateSlots);
     }
 }

@@ -1,11 +1,12 @@
-//! Naming a model on the command line: a Hugging Face folder, or a built-in synthetic model
-//! (`tiny`: small shapes and a byte tokenizer; `qwen3-4b`: the real Qwen3-4B shapes) whose
-//! seeded weights are generated where they run.
+//! Naming a model on the command line: a Hugging Face folder, or a built-in synthetic model whose
+//! seeded weights are generated where they run: `tiny` (small dense shapes and a byte
+//! tokenizer), `qwen3-4b` (the real Qwen3-4B shapes), `tiny-moe` (small hybrid shapes, a byte
+//! tokenizer) and `qwen3.6-35b-a3b` (the real Qwen3.6-35B-A3B shapes).
 
 use std::path::Path;
 
-use crate::config::Qwen3Config;
 use crate::load::{load_model_dir, LoadError};
+use crate::model::{ModelConfig, Qwen35MoeConfig, Qwen3Config};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
@@ -14,28 +15,42 @@ use crate::weights::Weights;
 pub struct ModelSource {
     /// What the user named (`tiny`, `qwen3-4b`, or the folder).
     pub name: String,
-    pub config: Qwen3Config,
+    pub config: ModelConfig,
     pub weights: Weights,
     pub tokenizer: Tokenizer,
 }
 
 /// Built-in model names.
-pub const BUILTIN: [&str; 2] = ["tiny", "qwen3-4b"];
+pub const BUILTIN: [&str; 4] = ["tiny", "qwen3-4b", "tiny-moe", "qwen3.6-35b-a3b"];
 
 /// Resolves `spec`: a built-in name (synthetic weights from `seed`) or a model folder.
 pub fn open_model(spec: &str, seed: u64) -> Result<ModelSource, LoadError> {
-    let synthetic = |config: Qwen3Config, tokenizer: Tokenizer| ModelSource {
+    let synthetic = |config: ModelConfig, tokenizer: Tokenizer| ModelSource {
         name: spec.to_string(),
         config,
         weights: Weights::Synthetic { seed },
         tokenizer,
     };
     match spec {
-        "tiny" => Ok(synthetic(Qwen3Config::tiny(), Tokenizer::Bytes)),
+        "tiny" => Ok(synthetic(
+            ModelConfig::Qwen3(Qwen3Config::tiny()),
+            Tokenizer::Bytes,
+        )),
         "qwen3-4b" => Ok(synthetic(
-            Qwen3Config::qwen3_4b(),
+            ModelConfig::Qwen3(Qwen3Config::qwen3_4b()),
             Tokenizer::None {
                 reason: "the synthetic qwen3-4b has random weights and no tokenizer.json".into(),
+            },
+        )),
+        "tiny-moe" => Ok(synthetic(
+            ModelConfig::Qwen35Moe(Qwen35MoeConfig::tiny()),
+            Tokenizer::Bytes,
+        )),
+        "qwen3.6-35b-a3b" => Ok(synthetic(
+            ModelConfig::Qwen35Moe(Qwen35MoeConfig::qwen3_6_35b_a3b()),
+            Tokenizer::None {
+                reason: "the synthetic qwen3.6-35b-a3b has random weights and no tokenizer.json"
+                    .into(),
             },
         )),
         path => {

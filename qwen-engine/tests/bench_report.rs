@@ -12,7 +12,7 @@ use qwen_engine::bench::report::{
     ids_digest, median_and_p90, now_utc, slug, BenchReport, Cell, CellTiming, ModelInfo,
     ReportError, BUNDLE_CHART, BUNDLE_JSON,
 };
-use qwen_engine::config::Qwen3Config;
+use qwen_engine::model::{ModelConfig, Qwen3Config};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -74,7 +74,10 @@ fn the_stored_sample_is_a_valid_marked_sample_of_qwen3_4b() {
     // Its model section is what the engine counts for Qwen3-4B.
     assert_eq!(
         r.model,
-        ModelInfo::from_config("qwen3-4b", &Qwen3Config::qwen3_4b())
+        ModelInfo::from_model(
+            "qwen3-4b",
+            &ModelConfig::Qwen3(Qwen3Config::qwen3_4b()).describe()
+        )
     );
     assert_eq!(r.cells.len(), 12);
 }

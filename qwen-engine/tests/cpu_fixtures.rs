@@ -83,8 +83,11 @@ fn cpu_runner_reproduces_every_fixture_token_for_token() {
 #[test]
 fn fixtures_cover_the_promised_shapes() {
     let all = fixtures::all();
-    let configs: Vec<_> = all.iter().map(|f| f.load_model().0).collect();
-    let has = |p: &dyn Fn(&qwen_engine::config::Qwen3Config) -> bool| configs.iter().any(p);
+    let configs: Vec<_> = all
+        .iter()
+        .map(|f| f.load_model().0.as_qwen3().expect("dense fixtures").clone())
+        .collect();
+    let has = |p: &dyn Fn(&qwen_engine::model::Qwen3Config) -> bool| configs.iter().any(p);
     assert!(has(&|c| c.head_dim == 64) && has(&|c| c.head_dim == 128));
     for group in [1, 2, 4] {
         assert!(has(&|c| c.gqa_group() == group), "GQA {group}:1");
@@ -160,6 +163,7 @@ fn plan_errors_name_the_slot_and_the_problem() {
         tokens,
         start_pos,
         blocks,
+        state_slot: None,
         sample: None,
         prefill: true,
         continues: false,

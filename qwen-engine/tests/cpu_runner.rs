@@ -6,14 +6,14 @@ mod common;
 
 use aot_kernels::ops::sampling::{sample_reference, SamplingParams};
 use common::driver::{run, run_one, Request};
-use qwen_engine::config::Qwen3Config;
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
+use qwen_engine::model::{ModelConfig, Qwen3Config};
 use qwen_engine::runner::{Runner, SampleRequest, SeqStep, StepPlan};
 use qwen_engine::weights::Weights;
 
 fn tiny_runner(seed: u64) -> CpuRunner {
     CpuRunner::new(
-        &Qwen3Config::tiny(),
+        &ModelConfig::Qwen3(Qwen3Config::tiny()),
         &Weights::Synthetic { seed },
         CpuRunnerOptions {
             max_slots: 4,
@@ -95,6 +95,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                 tokens: &PROMPT[..4],
                 start_pos: 0,
                 blocks: &blocks,
+                state_slot: None,
                 sample: None,
                 prefill: true,
                 continues: false,
@@ -104,6 +105,7 @@ fn logits_only_when_asked_and_only_for_sampling_sequences() {
                 tokens: &PROMPT[..4],
                 start_pos: 0,
                 blocks: &blocks2,
+                state_slot: None,
                 sample: Some(SampleRequest {
                     params: SamplingParams::GREEDY,
                     seed: 0,
@@ -145,10 +147,10 @@ fn bad_sampling_parameters_and_a_model_too_large_are_refused() {
     assert!(err.contains("slot 0") && err.contains("top_p"), "{err}");
 
     // Far more than any machine's memory: refused before a weight is generated.
-    let huge = Qwen3Config {
+    let huge = ModelConfig::Qwen3(Qwen3Config {
         num_hidden_layers: 100_000,
         ..Qwen3Config::qwen3_4b()
-    };
+    });
     let err = CpuRunner::new(
         &huge,
         &Weights::Synthetic { seed: 1 },

@@ -1,16 +1,16 @@
 //! The engine (scheduler + runner) on the CPU reference runner with the built-in tiny model:
-//! continuous batching, slot reuse, bad requests refused while the others keep running, and the
-//! `qwen-decode run` command line. No GPU needed.
+//! continuous batching, the request queue, slot reuse, bad requests refused while the others keep
+//! running, and the `qwen-decode run` command line. No GPU needed.
 
 use aot_kernels::ops::sampling::SamplingParams;
-use qwen_engine::config::Qwen3Config;
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::engine::{Engine, EngineOptions};
+use qwen_engine::model::{ModelConfig, Qwen3Config};
 use qwen_engine::scheduler::{Event, FinishReason, RequestId, RequestSpec, SubmitError};
 use qwen_engine::weights::Weights;
 
 fn engine(slots: usize, kv_blocks: usize, chunk: usize) -> Engine {
-    let config = Qwen3Config::tiny();
+    let config = ModelConfig::Qwen3(Qwen3Config::tiny());
     let runner = CpuRunner::new(
         &config,
         &Weights::Synthetic { seed: 5 },
@@ -20,9 +20,10 @@ fn engine(slots: usize, kv_blocks: usize, chunk: usize) -> Engine {
         },
     )
     .unwrap();
-    let mut options = EngineOptions::for_model(&config);
+    let model = config.describe();
+    let mut options = EngineOptions::for_model(&model);
     options.prefill_chunk = chunk;
-    Engine::new(Box::new(runner), &config, options)
+    Engine::new(Box::new(runner), &model, options)
 }
 
 fn spec(prompt: &[u32], new: usize, sampling: SamplingParams, seed: u64) -> RequestSpec {
@@ -152,15 +153,14 @@ fn bad_requests_are_refused_and_the_running_ones_go_on() {
         let err = e.submit(s).unwrap_err().to_string();
         assert!(err.contains(needle), "{needle}: {err}");
     }
-    // Fill the second slot, then a third request finds none free.
+    // Fill the second slot; a third request waits for a free slot, then runs as it would alone.
     let b = e.submit(spec(B, 4, SamplingParams::GREEDY, 0)).unwrap();
-    let err = e.submit(spec(A, 4, SamplingParams::GREEDY, 0)).unwrap_err();
-    assert_eq!(err, SubmitError::NoFreeSlot { slots: 2 });
-    assert!(err.to_string().contains("wait for a request to finish"));
+    let c = e.submit(spec(A, 4, SamplingParams::GREEDY, 0)).unwrap();
     let out = drain(&mut e);
     got_a.extend(&out[&a]);
     assert_eq!(got_a, want);
     assert_eq!(out[&b].len(), 4);
+    assert_eq!(out[&c], want[..4]);
 }
 
 #[test]
@@ -303,7 +303,7 @@ impl qwen_engine::runner::Runner for ShortRunner {
 
 #[test]
 fn a_request_longer_than_the_runner_holds_is_refused_and_the_others_go_on() {
-    let config = Qwen3Config::tiny();
+    let config = ModelConfig::Qwen3(Qwen3Config::tiny());
     let runner = CpuRunner::new(
         &config,
         &Weights::Synthetic { seed: 5 },
@@ -313,12 +313,13 @@ fn a_request_longer_than_the_runner_holds_is_refused_and_the_others_go_on() {
         },
     )
     .unwrap();
+    let model = config.describe();
     // The model allows more than the runner: the runner's limit is the one that counts.
-    assert!(config.max_position_embeddings > 64);
+    assert!(model.max_context > 64);
     let mut e = Engine::new(
         Box::new(ShortRunner(runner, 64)),
-        &config,
-        EngineOptions::for_model(&config),
+        &model,
+        EngineOptions::for_model(&model),
     );
     let want = solo(A, 8, SamplingParams::GREEDY, 0);
     let a = e.submit(spec(A, 8, SamplingParams::GREEDY, 0)).unwrap();

@@ -16,9 +16,9 @@ use aot_kernels::dispatch::{Policy, ToolchainChoice};
 use aot_kernels::ops::sampling::SamplingParams;
 use common::driver::{run, Generation, Request};
 use common::fixtures::{self, Fixture};
-use qwen_engine::config::Qwen3Config;
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
+use qwen_engine::model::{ModelConfig, Qwen3Config};
 use qwen_engine::runner::{Runner, SampleRequest, SeqStep, StepPlan};
 use qwen_engine::scheduler::{Event, FinishReason, RequestSpec};
 use qwen_engine::weights::Weights;
@@ -46,7 +46,7 @@ fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) 
     }
 }
 
-fn gpu_runner(config: &Qwen3Config, weights: &Weights, options: &GpuOptions) -> GpuRunner {
+fn gpu_runner(config: &ModelConfig, weights: &Weights, options: &GpuOptions) -> GpuRunner {
     GpuRunner::new(config, weights, options, &mut |_| {})
         .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"))
 }
@@ -240,7 +240,7 @@ fn gpu_engine_matches_transformers_under_every_policy_graph_setting_and_batch() 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_qwen3_4b_synthetic_same_tokens_with_and_without_graphs_and_under_both_policies() {
-    let config = Qwen3Config::qwen3_4b();
+    let config = ModelConfig::Qwen3(Qwen3Config::qwen3_4b());
     let weights = Weights::Synthetic { seed: 7 };
     let prompts: Vec<Vec<u32>> = (0..8u32)
         .map(|i| {
@@ -305,16 +305,16 @@ fn gpu_qwen3_4b_synthetic_same_tokens_with_and_without_graphs_and_under_both_pol
 /// end-of-sequence tokens, decoding ahead or not, replaying graphs or not; and the runner's
 /// statistics.
 fn serve(
-    config: &Qwen3Config,
+    config: &ModelConfig,
     weights: &Weights,
     eos: &[u32],
     ahead: bool,
     graphs: bool,
 ) -> (Vec<Vec<Event>>, serde_json::Value) {
-    let config = Qwen3Config {
+    let config = ModelConfig::Qwen3(Qwen3Config {
         eos_token_ids: eos.to_vec(),
-        ..config.clone()
-    };
+        ..config.as_qwen3().expect("a dense fixture").clone()
+    });
     let runner = gpu_runner(
         &config,
         weights,
@@ -323,8 +323,9 @@ fn serve(
             ..options(Policy::Auto, ToolchainChoice::Newest, graphs, 256 << 20)
         },
     );
-    let mut engine = Engine::new(Box::new(runner), &config, EngineOptions::for_model(&config));
-    let vocab = config.vocab_size as u32;
+    let model = config.describe();
+    let mut engine = Engine::new(Box::new(runner), &model, EngineOptions::for_model(&model));
+    let vocab = model.vocab_size as u32;
     let prompt = |n: u32, salt: u32| {
         (0..n)
             .map(|t| (t * 7919 + salt * 104_729) % vocab)
@@ -444,7 +445,7 @@ fn gpu_decode_ahead_gives_the_events_of_waiting_for_every_pass() {
 fn gpu_a_pass_queued_ahead_serves_only_the_plan_it_computed() {
     let f = fixtures::by_name("hd64-gqa4-tied");
     let (config, weights) = f.load_model();
-    let vocab = config.vocab_size as u32;
+    let vocab = config.describe().vocab_size as u32;
     let prompt: Vec<u32> = (0..9).map(|t| (t * 31 + 5) % vocab).collect();
     let blocks: Vec<u32> = (0..4).collect();
     let greedy = |counter| SampleRequest {
@@ -471,6 +472,7 @@ fn gpu_a_pass_queued_ahead_serves_only_the_plan_it_computed() {
                         tokens,
                         start_pos: pos,
                         blocks: &blocks,
+                        state_slot: None,
                         sample: Some(greedy(counter)),
                         prefill,
                         continues: true,

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::validate::verdict;
-use crate::config::Qwen3Config;
+use crate::model::ModelDesc;
 
 /// The schema id every bundle carries; a reader refuses any other.
 pub const SCHEMA: &str = "aot-kernels-bench/1";
@@ -135,14 +135,14 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    pub fn from_config(name: &str, config: &Qwen3Config) -> Self {
-        let parameters = config.parameter_count();
+    pub fn from_model(name: &str, model: &ModelDesc) -> Self {
+        let parameters = model.parameter_count;
         ModelInfo {
             name: name.to_string(),
             parameters,
             weight_bytes: parameters * 2,
-            kv_bytes_per_token: config.kv_bytes_per_token() as u64,
-            layers: config.num_hidden_layers as u32,
+            kv_bytes_per_token: model.kv_bytes_per_token as u64,
+            layers: model.layers.len() as u32,
         }
     }
 }

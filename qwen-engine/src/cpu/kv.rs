@@ -1,8 +1,8 @@
 //! The CPU runner's paged KV cache, in fp32 with the GPU cache's layout: per layer, keys and
-//! values each `[num_blocks][kv_heads][KV_BLOCK_SIZE][head_dim]`. Position `p` of a sequence lives
-//! in block `blocks[p / KV_BLOCK_SIZE]` at row `p % KV_BLOCK_SIZE`.
+//! values each `[num_blocks][kv_heads][KV_BLOCK_TOKENS][head_dim]`. Position `p` of a sequence lives
+//! in block `blocks[p / KV_BLOCK_TOKENS]` at row `p % KV_BLOCK_TOKENS`.
 
-use crate::runner::KV_BLOCK_SIZE;
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 
 #[derive(Debug)]
 pub struct PagedKvCache {
@@ -16,7 +16,7 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     pub fn new(layers: usize, num_blocks: usize, kv_heads: usize, head_dim: usize) -> Self {
-        let per_layer = num_blocks * kv_heads * KV_BLOCK_SIZE * head_dim;
+        let per_layer = num_blocks * kv_heads * KV_BLOCK_TOKENS * head_dim;
         PagedKvCache {
             num_blocks,
             kv_heads,
@@ -40,8 +40,8 @@ impl PagedKvCache {
 
     /// Start of (`head`, position `pos`) in a layer's array; `blocks` is the sequence's table.
     fn offset(&self, blocks: &[u32], pos: usize, head: usize) -> usize {
-        let block = blocks[pos / KV_BLOCK_SIZE] as usize;
-        ((block * self.kv_heads + head) * KV_BLOCK_SIZE + pos % KV_BLOCK_SIZE) * self.head_dim
+        let block = blocks[pos / KV_BLOCK_TOKENS] as usize;
+        ((block * self.kv_heads + head) * KV_BLOCK_TOKENS + pos % KV_BLOCK_TOKENS) * self.head_dim
     }
 
     pub fn write(
@@ -82,11 +82,11 @@ mod tests {
         let v = [2.0f32; 8];
         // Position 17: block table entry 1 -> physical block 1, row 1; head 1.
         c.write(0, &blocks, 17, 1, &k, &v);
-        let want = ((2 + 1) * KV_BLOCK_SIZE + 1) * 8;
+        let want = ((2 + 1) * KV_BLOCK_TOKENS + 1) * 8;
         assert_eq!(c.keys[0][want..want + 8], k);
         assert_eq!(c.values[0][want..want + 8], v);
         assert_eq!(c.key(0, &blocks, 17, 1), &k);
         assert_eq!(c.key(0, &blocks, 16, 1), &[0.0; 8]);
-        assert_eq!(c.bytes(), 2 * 4 * 2 * KV_BLOCK_SIZE * 8 * 4);
+        assert_eq!(c.bytes(), 2 * 4 * 2 * KV_BLOCK_TOKENS * 8 * 4);
     }
 }

@@ -48,9 +48,40 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Qwen3NextRMSNorm, zero-centred: `(x * rsqrt(mean(x^2) + eps)) * (1 + w)`, in place.
+pub fn rms_norm_centred(x: &mut [f32], w: &[f32], eps: f32) {
+    let variance = dot(x, x) / x.len() as f32;
+    let r = 1.0 / (variance + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = (*v * r) * (1.0 + g);
+    }
+}
+
+/// The gated DeltaNet's l2norm: `x * rsqrt(sum(x^2) + eps)`, in place.
+pub fn l2_norm(x: &mut [f32], eps: f32) {
+    let r = 1.0 / (dot(x, x) + eps).sqrt();
+    for v in x.iter_mut() {
+        *v *= r;
+    }
+}
+
 /// `x * sigmoid(x)`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// `1 / (1 + exp(-x))`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `F.softplus` with torch's defaults (beta 1, threshold 20: linear above it).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
 }
 
 /// Softmax over `s` in place: `exp(s - max) / sum`.
@@ -131,6 +162,21 @@ mod tests {
         assert!((s[0] - 1.0 / 3.0).abs() < 1e-6 && (s[1] - 2.0 / 3.0).abs() < 1e-6);
         assert_eq!(silu(0.0), 0.0);
         assert!((silu(2.0) - 2.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-7);
+    }
+
+    #[test]
+    fn hybrid_helpers_match_their_formulas() {
+        let mut x = [3.0f32, 4.0];
+        rms_norm_centred(&mut x, &[0.0, 1.0], 0.0);
+        let r = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 8.0 / r).abs() < 1e-6);
+        let mut y = [3.0f32, 4.0];
+        l2_norm(&mut y, 0.0);
+        assert!((y[0] - 0.6).abs() < 1e-6 && (y[1] - 0.8).abs() < 1e-6);
+        assert!((sigmoid(0.0) - 0.5).abs() < 1e-7);
+        assert!((softplus(0.0) - 2.0f32.ln()).abs() < 1e-6);
+        assert_eq!(softplus(30.0), 30.0);
+        assert!((softplus(-5.0) - (1.0 + (-5.0f32).exp()).ln()).abs() < 1e-7);
     }
 
     #[test]

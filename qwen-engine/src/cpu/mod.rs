@@ -1,11 +1,15 @@
 //! The CPU reference runner: the model in fp32 on the bf16 weights (widened once), its own paged
-//! KV cache in the GPU's layout, and sampling through the backend's reference sampler (the GPU
-//! kernel's semantics, bit for bit). It is the oracle the GPU runner is checked against, so it is
-//! written to be read: [`forward`] is the model, [`kv`] the cache, [`math`] the fp32 primitives.
+//! KV cache in the GPU's layout, the recurrent state of a hybrid model per state slot, and
+//! sampling through the backend's reference sampler (the GPU kernel's semantics, bit for bit). It
+//! is the oracle the GPU runner is checked against, so it is written to be read: one file per
+//! family ([`qwen3`], [`qwen3_5_moe`]) is the model, [`kv`] the cache, [`state`] the recurrent
+//! state, [`math`] the fp32 primitives.
 
-pub mod forward;
 pub mod kv;
 pub mod math;
+pub mod qwen3;
+pub mod qwen3_5_moe;
+pub mod state;
 pub mod weights;
 
 use std::collections::HashSet;
@@ -14,24 +18,48 @@ use std::time::Instant;
 use aot_kernels::ops::sampling::sample_reference;
 use serde_json::json;
 
-use crate::config::Qwen3Config;
-use crate::runner::{DeviceKind, Runner, RunnerError, StepOutput, StepPlan, KV_BLOCK_SIZE};
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
+
+use crate::model::{ModelConfig, ModelDesc};
+use crate::runner::{DeviceKind, Runner, RunnerError, StepOutput, StepPlan};
 use crate::weights::Weights;
-use forward::{CpuModel, Row};
 use kv::PagedKvCache;
-use weights::CpuWeights;
+use qwen3::DenseModel;
+use qwen3_5_moe::HybridModel;
+use state::RecurrentStates;
+use weights::{CpuWeights, RoleTensors};
+
+/// One token of one sequence in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    pub token: u32,
+    pub pos: usize,
+    /// The sequence's KV block table.
+    pub blocks: &'a [u32],
+    /// The sequence's recurrent-state slot (hybrid models).
+    pub state: Option<u32>,
+}
+
+/// The model of one family, in fp32.
+#[derive(Debug)]
+enum CpuModel {
+    Dense(DenseModel),
+    Hybrid(HybridModel, RecurrentStates),
+}
 
 /// Sizes of the runner's slot pool and KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuRunnerOptions {
-    /// Most sequences one step may carry.
+    /// Most sequences one step may carry (and, for a hybrid model, its recurrent-state slots).
     pub max_slots: usize,
-    /// KV blocks of [`KV_BLOCK_SIZE`] tokens in the cache.
+    /// KV blocks of [`KV_BLOCK_TOKENS`] tokens in the cache.
     pub kv_blocks: usize,
 }
 
 #[derive(Debug)]
 pub struct CpuRunner {
+    config: ModelConfig,
+    desc: ModelDesc,
     model: CpuModel,
     cache: PagedKvCache,
     options: CpuRunnerOptions,
@@ -41,9 +69,10 @@ pub struct CpuRunner {
 }
 
 impl CpuRunner {
-    /// Widens `weights` (loaded or synthetic) to fp32 and allocates the KV cache.
+    /// Widens `weights` (loaded or synthetic) to fp32 and allocates the KV cache (and, for a
+    /// hybrid model, one recurrent-state slot per request slot).
     pub fn new(
-        config: &Qwen3Config,
+        config: &ModelConfig,
         weights: &Weights,
         options: CpuRunnerOptions,
     ) -> Result<CpuRunner, RunnerError> {
@@ -53,29 +82,51 @@ impl CpuRunner {
                 options.max_slots, options.kv_blocks
             )));
         }
-        let weight_bytes = config.parameter_count().saturating_mul(4);
+        let desc = config.describe();
+        let weight_bytes = desc.parameter_count.saturating_mul(4);
         let kv_bytes = (options.kv_blocks as u64)
-            .saturating_mul((KV_BLOCK_SIZE * config.kv_bytes_per_token() * 2) as u64);
+            .saturating_mul((KV_BLOCK_TOKENS * desc.kv_bytes_per_token * 2) as u64)
+            .saturating_add((desc.state_bytes * options.max_slots) as u64);
         if let Some(available) = available_memory_bytes() {
             if weight_bytes.saturating_add(kv_bytes) > available {
                 return Err(RunnerError::Device(format!(
-                    "cpu runner: fp32 weights ({:.1} GB) and KV cache ({:.1} GB) need more than the {:.1} GB of memory available; the CPU reference is for small models: use --device cuda, a smaller model, or fewer KV blocks",
+                    "cpu runner: fp32 weights ({:.1} GB) and KV cache and state ({:.1} GB) need more than the {:.1} GB of memory available; the CPU reference is for small models: use --device cuda, a smaller model, or fewer KV blocks",
                     weight_bytes as f64 / 1e9,
                     kv_bytes as f64 / 1e9,
                     available as f64 / 1e9
                 )));
             }
         }
-        let w = CpuWeights::new(config, weights)
-            .map_err(|m| RunnerError::Device(format!("cpu runner: {m}")))?;
+        let cpu_err = |m: String| RunnerError::Device(format!("cpu runner: {m}"));
+        let (model, cache) = match config {
+            ModelConfig::Qwen3(c) => {
+                let w = CpuWeights::new(c, weights).map_err(cpu_err)?;
+                let cache = PagedKvCache::new(
+                    c.num_hidden_layers,
+                    options.kv_blocks,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                );
+                (CpuModel::Dense(DenseModel::new(c.clone(), w)), cache)
+            }
+            ModelConfig::Qwen35Moe(c) => {
+                let w = RoleTensors::new(&config.tensor_table(), weights).map_err(cpu_err)?;
+                let cache = PagedKvCache::new(
+                    c.attention_layers(),
+                    options.kv_blocks,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                );
+                let states = RecurrentStates::new(c, options.max_slots);
+                let model = HybridModel::new(c.clone(), w).map_err(cpu_err)?;
+                (CpuModel::Hybrid(model, states), cache)
+            }
+        };
         Ok(CpuRunner {
-            cache: PagedKvCache::new(
-                config.num_hidden_layers,
-                options.kv_blocks,
-                config.num_key_value_heads,
-                config.head_dim,
-            ),
-            model: CpuModel::new(config.clone(), w),
+            config: config.clone(),
+            desc,
+            cache,
+            model,
             options,
             steps: 0,
             tokens: 0,
@@ -83,15 +134,15 @@ impl CpuRunner {
         })
     }
 
-    pub fn config(&self) -> &Qwen3Config {
-        &self.model.config
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
     /// Checks a plan against the runner's slots, cache and vocabulary; the message names the
     /// sequence (by slot) and what is wrong.
     fn validate(&self, plan: &StepPlan<'_>) -> Result<(), RunnerError> {
         let err = |m: String| Err(RunnerError::Plan(m));
-        let c = &self.model.config;
+        let c = &self.desc;
         if plan.seqs.len() > self.options.max_slots {
             return err(format!(
                 "{} sequences in one step, but this runner has {} slots",
@@ -100,6 +151,7 @@ impl CpuRunner {
             ));
         }
         let mut slots = HashSet::new();
+        let mut states = HashSet::new();
         let mut written = HashSet::new();
         for s in &plan.seqs {
             let slot = s.slot;
@@ -121,14 +173,36 @@ impl CpuRunner {
                     c.vocab_size
                 ));
             }
-            if s.end_pos() > c.max_position_embeddings {
+            if s.end_pos() > c.max_context {
                 return err(format!(
                     "slot {slot}: positions up to {} exceed the model's context of {} (max_position_embeddings)",
                     s.end_pos(),
-                    c.max_position_embeddings
+                    c.max_context
                 ));
             }
-            let needed = s.end_pos().div_ceil(KV_BLOCK_SIZE);
+            if c.has_recurrent_state() {
+                match s.state_slot {
+                    Some(state) if (state as usize) < self.options.max_slots => {
+                        if !states.insert(state) {
+                            return err(format!(
+                                "slot {slot}: recurrent-state slot {state} is used twice in one step"
+                            ));
+                        }
+                    }
+                    Some(state) => {
+                        return err(format!(
+                            "slot {slot}: recurrent-state slot {state} does not exist (this runner has 0..{})",
+                            self.options.max_slots
+                        ))
+                    }
+                    None => {
+                        return err(format!(
+                            "slot {slot}: the model has recurrent layers and the step names no recurrent-state slot"
+                        ))
+                    }
+                }
+            }
+            let needed = s.end_pos().div_ceil(KV_BLOCK_TOKENS);
             if s.blocks.len() < needed {
                 return err(format!(
                     "slot {slot}: {} positions need {needed} KV blocks, the block table has {}",
@@ -152,7 +226,7 @@ impl CpuRunner {
                 ));
             }
             for pos in s.start_pos..s.end_pos() {
-                let cell = (s.blocks[pos / KV_BLOCK_SIZE], pos % KV_BLOCK_SIZE);
+                let cell = (s.blocks[pos / KV_BLOCK_TOKENS], pos % KV_BLOCK_TOKENS);
                 if !written.insert(cell) {
                     return err(format!(
                         "slot {slot}: position {pos} writes KV block {} row {}, which another sequence of this step writes too",
@@ -183,6 +257,13 @@ impl Runner for CpuRunner {
         self.options.max_slots
     }
 
+    fn state_slots(&self) -> usize {
+        match self.model {
+            CpuModel::Dense(_) => 0,
+            CpuModel::Hybrid(_, ref states) => states.slots(),
+        }
+    }
+
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
         self.validate(plan)?;
         let started = Instant::now();
@@ -194,18 +275,32 @@ impl Runner for CpuRunner {
                     token,
                     pos: s.start_pos + i,
                     blocks: s.blocks,
+                    state: s.state_slot,
                 });
             }
             last_row.push(rows.len() - 1);
         }
-        let hidden = self.model.forward(&mut self.cache, &rows);
+        let hidden = match &mut self.model {
+            CpuModel::Dense(m) => m.forward(&mut self.cache, &rows),
+            CpuModel::Hybrid(m, states) => {
+                // A sequence's first step starts from zero state, whatever the slot held.
+                for s in plan.seqs.iter().filter(|s| s.start_pos == 0) {
+                    states.reset(s.state_slot.expect("validated") as usize);
+                }
+                m.forward(&mut self.cache, states, &rows)
+            }
+        };
 
-        let h = self.model.config.hidden_size;
+        let h = self.desc.hidden_size;
         let mut out = StepOutput::default();
         for (s, &r) in plan.seqs.iter().zip(&last_row) {
             match &s.sample {
                 Some(req) => {
-                    let logits = self.model.logits(&hidden[r * h..(r + 1) * h]);
+                    let row = &hidden[r * h..(r + 1) * h];
+                    let logits = match &self.model {
+                        CpuModel::Dense(m) => m.logits(row),
+                        CpuModel::Hybrid(m, _) => m.logits(row),
+                    };
                     out.tokens.push(Some(sample_reference(
                         &logits,
                         &req.params,
@@ -233,9 +328,14 @@ impl Runner for CpuRunner {
             "math": "fp32 reference (weights widened from bf16)",
             "max_slots": self.options.max_slots,
             "kv_blocks": self.options.kv_blocks,
-            "kv_block_size": KV_BLOCK_SIZE,
+            "kv_block_size": KV_BLOCK_TOKENS,
+            "model_type": self.desc.model_type,
             "kv_cache_bytes": self.cache.bytes(),
-            "weight_bytes_f32": self.model.weights.bytes(),
+            "state_slots": self.state_slots(),
+            "weight_bytes_f32": match &self.model {
+                CpuModel::Dense(m) => m.weights.bytes(),
+                CpuModel::Hybrid(m, _) => m.weight_bytes(),
+            },
             "steps": self.steps,
             "tokens_processed": self.tokens,
             "step_seconds": self.seconds,

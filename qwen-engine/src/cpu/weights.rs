@@ -1,7 +1,10 @@
-//! The model's weights widened once to fp32, found by role through the tensor table.
+//! The model's weights widened once to fp32, found by role through the tensor table: typed per
+//! layer for the dense family ([`CpuWeights`]), by (role, layer) for any family ([`RoleTensors`]).
 
-use crate::config::Qwen3Config;
-use crate::model::qwen3::{tensor_table, Role};
+use std::collections::HashMap;
+
+use crate::model::qwen3::{tensor_table, Qwen3Config};
+use crate::model::{Role, TensorSpec};
 use crate::weights::Weights;
 
 /// One decoder layer's weights, each row-major as stored (`[out][in]` for projections).
@@ -43,19 +46,7 @@ impl CpuWeights {
             lm_head: None,
         };
         for (index, spec) in tensor_table(config).into_iter().enumerate() {
-            let tensor = weights.host_tensor(config, index).ok_or_else(|| {
-                format!(
-                    "the weights have no tensor {index} (`{}`): they were loaded for another config",
-                    spec.name
-                )
-            })?;
-            if tensor.spec.name != spec.name || tensor.spec.shape != spec.shape {
-                return Err(format!(
-                    "tensor {index} is `{}` {:?}, the config's table expects `{}` {:?}: the weights were loaded for another config",
-                    tensor.spec.name, tensor.spec.shape, spec.name, spec.shape
-                ));
-            }
-            let values = tensor.f32();
+            let values = checked_tensor(&spec, weights, index)?;
             let layer = spec.layer.map(|l| &mut w.layers[l]);
             let slot = match (spec.role, layer) {
                 (Role::Embed, None) => &mut w.embed,
@@ -116,4 +107,55 @@ impl CpuWeights {
             self.embed.len() + self.final_norm.len() + self.lm_head.as_ref().map_or(0, Vec::len);
         (layer_floats + rest) * 4
     }
+}
+
+/// Every table tensor of `weights` widened to fp32, found by (role, layer): the loader of any
+/// family's CPU model, which takes each tensor out once.
+#[derive(Debug, Default)]
+pub struct RoleTensors {
+    tensors: HashMap<(Role, Option<usize>), Vec<f32>>,
+    bytes: usize,
+}
+
+impl RoleTensors {
+    /// Widens every tensor of `table` (the config's tensor table) from `weights`; a loaded
+    /// tensor whose name or shape differs from the table is an error naming it.
+    pub fn new(table: &[TensorSpec], weights: &Weights) -> Result<RoleTensors, String> {
+        let mut out = RoleTensors::default();
+        for (index, spec) in table.iter().enumerate() {
+            let values = checked_tensor(spec, weights, index)?;
+            out.bytes += values.len() * 4;
+            out.tensors.insert((spec.role, spec.layer), values);
+        }
+        Ok(out)
+    }
+
+    /// Takes the tensor of `role` in `layer` out (an error names what is missing).
+    pub fn take(&mut self, role: Role, layer: Option<usize>) -> Result<Vec<f32>, String> {
+        self.tensors
+            .remove(&(role, layer))
+            .ok_or_else(|| format!("the weights have no {role:?} tensor for layer {layer:?}"))
+    }
+
+    /// fp32 bytes of every tensor read.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Table entry `index` of `weights` widened to fp32, checked against its spec.
+fn checked_tensor(spec: &TensorSpec, weights: &Weights, index: usize) -> Result<Vec<f32>, String> {
+    let tensor = weights.host_tensor(spec, index).ok_or_else(|| {
+        format!(
+            "the weights have no tensor {index} (`{}`): they were loaded for another config",
+            spec.name
+        )
+    })?;
+    if tensor.spec.name != spec.name || tensor.spec.shape != spec.shape {
+        return Err(format!(
+            "tensor {index} is `{}` {:?}, the config's table expects `{}` {:?}: the weights were loaded for another config",
+            tensor.spec.name, tensor.spec.shape, spec.name, spec.shape
+        ));
+    }
+    Ok(tensor.f32())
 }

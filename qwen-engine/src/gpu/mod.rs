@@ -40,6 +40,7 @@ use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gemv::{
     gemv, gemv_with, residual_groups, GemvInput, GemvOptions, GemvOutput, MAX_TOKENS,
 };
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShape};
 use aot_kernels::ops::{dev, dev_mut, OpsError};
@@ -49,11 +50,9 @@ use serde::Serialize;
 
 use self::graphs::{graph_decision, GraphDecision};
 use self::weights::DeviceWeights;
-use crate::config::Qwen3Config;
-use crate::kv;
-use crate::runner::{
-    DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan, KV_BLOCK_SIZE,
-};
+use crate::memory;
+use crate::model::{ModelConfig, Qwen3Config};
+use crate::runner::{DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan};
 use crate::weights::Weights;
 
 /// How to set up the GPU runner.
@@ -206,12 +205,18 @@ impl GpuRunner {
     /// Loads the kernels (dispatcher, `options.policy`), uploads or generates the weights,
     /// sizes the KV cache and allocates every buffer.
     pub fn new(
-        cfg: &Qwen3Config,
+        config: &ModelConfig,
         weights: &Weights,
         options: &GpuOptions,
         progress: &mut dyn FnMut(usize),
     ) -> Result<GpuRunner, RunnerError> {
         let started = Instant::now();
+        let cfg = config.as_qwen3().ok_or_else(|| {
+            RunnerError::Device(format!(
+                "the GPU runner serves dense Qwen3 (`qwen3`) only so far; `{}` runs on the CPU reference runner (--device cpu)",
+                config.model_type()
+            ))
+        })?;
         // The `cuda` modules only: the runner launches nothing else, and the Triton modules
         // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs. A fast path
         // unavailable here (the sm_90a GEMM off Hopper or under ptx-only) is left out; its
@@ -270,7 +275,7 @@ impl GpuRunner {
         let rope = s
             .clone_htod(&cos_sin_cache(max_pos, hd, cfg.rope_theta))
             .map_err(dev_err("RoPE table"))?;
-        let ld_bt = max_pos.div_ceil(KV_BLOCK_SIZE);
+        let ld_bt = max_pos.div_ceil(KV_BLOCK_TOKENS);
         let slots = options.slots.max(1);
         let block_table = zeros_i32(slots * ld_bt, "block tables")?;
         let pf = prefill::PrefillBuffers::new(&k, cfg, options.prefill_tokens)?;
@@ -280,16 +285,19 @@ impl GpuRunner {
             .context()
             .mem_get_info()
             .map_err(dev_err("reading free memory"))?;
-        let budget = options.kv_budget.unwrap_or_else(|| kv::gpu_kv_budget(free));
-        let kv_blocks = kv::blocks_in_budget(cfg, budget).min(slots * ld_bt);
+        let budget = options
+            .kv_budget
+            .unwrap_or_else(|| memory::gpu_kv_budget(free));
+        let model = ModelConfig::Qwen3(cfg.clone()).describe();
+        let kv_blocks = memory::blocks_in_budget(&model, budget).min(slots * ld_bt);
         if kv_blocks == 0 {
             return Err(RunnerError::Device(format!(
                 "the KV budget of {budget} bytes holds no {}-token block ({} bytes); raise --kv-budget",
-                KV_BLOCK_SIZE,
-                kv::block_bytes(cfg)
+                KV_BLOCK_TOKENS,
+                memory::block_bytes(&model)
             )));
         }
-        let per_layer = kv_blocks * cfg.num_key_value_heads * KV_BLOCK_SIZE * hd;
+        let per_layer = kv_blocks * cfg.num_key_value_heads * KV_BLOCK_TOKENS * hd;
         let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v_cache = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
@@ -689,13 +697,13 @@ impl GpuRunner {
             (self.decode_ahead, whole, want_logits, continues)
         {
             let rows_next =
-                ahead::next_rows(rows, continues, self.max_pos, KV_BLOCK_SIZE, |slot, b| {
+                ahead::next_rows(rows, continues, self.max_pos, KV_BLOCK_TOKENS, |slot, b| {
                     self.table_row(slot).get(b).copied().unwrap_or(-1)
                 });
             if let Some(rows_next) = rows_next {
                 let tables = rows_next
                     .iter()
-                    .map(|r| self.table_row(r.slot)[..=r.pos / KV_BLOCK_SIZE].to_vec())
+                    .map(|r| self.table_row(r.slot)[..=r.pos / KV_BLOCK_TOKENS].to_vec())
                     .collect();
                 let turn_next = self.enqueue_pass(&rows_next, true)?;
                 self.stats.ahead_passes += 1;
@@ -776,12 +784,12 @@ impl Runner for GpuRunner {
                     seq.slot
                 )));
             }
-            if kv::blocks_for(seq.end_pos()) > seq.blocks.len() {
+            if memory::blocks_for(seq.end_pos()) > seq.blocks.len() {
                 return Err(RunnerError::Plan(format!(
                     "slot {}: positions up to {} need {} blocks, the request holds {}",
                     seq.slot,
                     seq.end_pos(),
-                    kv::blocks_for(seq.end_pos()),
+                    memory::blocks_for(seq.end_pos()),
                     seq.blocks.len()
                 )));
             }
@@ -856,7 +864,7 @@ impl Runner for GpuRunner {
             "sm_count": self.k.sm_count(),
             "dispatch": self.k.report(),
             "kv_blocks": self.kv_blocks,
-            "kv_block_tokens": KV_BLOCK_SIZE,
+            "kv_block_tokens": KV_BLOCK_TOKENS,
             "weights_bytes": self.w.bytes,
             "graphs": self.graphs_on,
             "stats": self.stats,

@@ -30,7 +30,7 @@ use half::bf16;
 
 use super::packing::{pack, Piece};
 use super::{dev_err, ops_err, GpuRunner};
-use crate::config::Qwen3Config;
+use crate::model::Qwen3Config;
 use crate::runner::{RunnerError, SampleRequest};
 
 /// The default of [`GpuOptions::prefill_tokens`](super::GpuOptions): rows of one packed prefill

@@ -9,8 +9,8 @@ use aot_kernels::ops::dev_mut;
 use aot_kernels::ops::init::fill_uniform_bf16;
 use half::bf16;
 
-use crate::config::Qwen3Config;
-use crate::model::qwen3::{tensor_table, Role, TensorSpec};
+use crate::model::qwen3::{tensor_table, Qwen3Config};
+use crate::model::{Role, TensorSpec};
 use crate::runner::RunnerError;
 use crate::weights::Weights;
 
@@ -100,7 +100,7 @@ pub fn upload(
     for (index, spec) in tensor_table(c).into_iter().enumerate() {
         let (buffer_role, offset) = placement(c, spec.role);
         let dst = buffer(&mut dw, buffer_role, spec.layer)?;
-        fill(k, dst, offset, &spec, weights, c, index)?;
+        fill(k, dst, offset, &spec, weights, index)?;
         dw.bytes += spec.elements() * 2;
         progress(spec.elements() * 2);
     }
@@ -144,7 +144,6 @@ fn fill(
     offset: usize,
     spec: &TensorSpec,
     weights: &Weights,
-    c: &Qwen3Config,
     index: usize,
 ) -> Result<(), RunnerError> {
     let n = spec.elements();
@@ -165,7 +164,7 @@ fn fill(
             .map_err(|e| RunnerError::Device(format!("generating {}: {e}", spec.name)))
         }
         Weights::Loaded(_) => {
-            let t = weights.host_tensor(c, index).ok_or_else(|| {
+            let t = weights.host_tensor(spec, index).ok_or_else(|| {
                 RunnerError::Device(format!("{}: not in the loaded weights", spec.name))
             })?;
             let values = t.bf16();

@@ -1,7 +1,8 @@
-//! Qwen3 (dense): the tensor table. Every weight the model reads, with its Hugging Face name,
-//! its shape and how a synthetic model initialises it. The table drives the loader's checks, the
-//! synthetic-weight generator and the runners' uploads; the forward pass lives with each runner
-//! (`cpu::forward`, `gpu::runner`) and reads like the equations in qwen-models.md:
+//! Qwen3 (dense): the hyperparameters (`model_type` `qwen3`), the tensor table and the equations.
+//! Every weight the model reads, with its Hugging Face name, its shape and how a synthetic model
+//! initialises it. The table drives the loader's checks, the synthetic-weight generator and the
+//! runners' uploads; the forward pass lives with each runner (`cpu::forward`, `gpu::qwen3`) and
+//! reads like these equations (docs/models.md):
 //!
 //! ```text
 //! h = embed[token]
@@ -16,88 +17,188 @@
 
 use serde::Serialize;
 
-use crate::config::Qwen3Config;
+use super::tensor::{Init, Role, TableBuilder, TensorSpec};
+use crate::config::{ConfigError, Fields};
 
-/// What a tensor is for; the runners find tensors by role, never by parsing names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Embed,
-    InputNorm,
-    QProj,
-    KProj,
-    VProj,
-    OProj,
-    QNorm,
-    KNorm,
-    PostNorm,
-    GateProj,
-    UpProj,
-    DownProj,
-    FinalNorm,
-    LmHead,
+/// Shapes and constants of a dense Qwen3 model (`model_type` `qwen3`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Qwen3Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Tokens that end a generation (`eos_token_id`, a number or a list).
+    pub eos_token_ids: Vec<u32>,
 }
 
-/// How a synthetic model fills a tensor: `offset + scale * u`, `u` uniform in [-1, 1).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Init {
-    pub offset: f32,
-    pub scale: f32,
-}
+impl Qwen3Config {
+    /// Head counts times head size: the width of the attention input and output.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
 
-impl Init {
-    /// A projection with `fan_in` inputs: unit variance in, unit variance out.
-    fn linear(fan_in: usize) -> Init {
-        Init {
-            offset: 0.0,
-            scale: (3.0 / fan_in as f32).sqrt(),
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Rows of the fused `[q | k | v]` projection.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+
+    /// Query heads that share one key/value head.
+    pub fn gqa_group(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// Number of parameters (the tied lm_head counted once).
+    pub fn parameter_count(&self) -> u64 {
+        tensor_table(self)
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum()
+    }
+
+    /// KV cache bytes per token in bf16 (keys and values of every layer).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.num_hidden_layers * 2 * self.kv_dim() * 2
+    }
+
+    /// The built-in small model (`--model tiny`): seeded random weights, a byte-level tokenizer.
+    /// Its shapes exercise what the real ones do: GQA 2:1, head_dim 64, a hidden size and an MLP
+    /// width that are not powers of two.
+    pub fn tiny() -> Self {
+        Qwen3Config {
+            vocab_size: 384,
+            hidden_size: 320,
+            intermediate_size: 864,
+            num_hidden_layers: 4,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 64,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            max_position_embeddings: 4096,
+            tie_word_embeddings: false,
+            eos_token_ids: vec![],
         }
     }
 
-    const NORM: Init = Init {
-        offset: 1.0,
-        scale: 0.1,
-    };
+    /// The shapes of Qwen3-4B (qwen-models.md), for running the full-size model without a download.
+    pub fn qwen3_4b() -> Self {
+        Qwen3Config {
+            vocab_size: 151_936,
+            hidden_size: 2560,
+            intermediate_size: 9728,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            max_position_embeddings: 40_960,
+            tie_word_embeddings: true,
+            eos_token_ids: vec![151_645, 151_643],
+        }
+    }
 
-    const EMBEDDING: Init = Init {
-        offset: 0.0,
-        scale: 1.0,
-    };
-}
+    /// Reads the fields of a `qwen3` config.json (as transformers 4.x and 5.x write them).
+    pub fn from_fields(f: &Fields<'_>) -> Result<Self, ConfigError> {
+        let hidden_size = f.usize("hidden_size")?;
+        let num_attention_heads = f.usize("num_attention_heads")?;
+        let num_key_value_heads = f.usize_or("num_key_value_heads", num_attention_heads)?;
+        let head_dim = f.usize_or("head_dim", hidden_size / num_attention_heads)?;
+        let rope_theta = f.rope()?.theta;
+        f.refuse_true(
+            "attention_bias",
+            "projections with biases are not supported (Qwen3 has none)",
+        )?;
+        let config = Qwen3Config {
+            vocab_size: f.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_hidden_layers: f.usize("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
+            rope_theta,
+            max_position_embeddings: f.usize("max_position_embeddings")?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            eos_token_ids: f.eos_token_ids()?,
+        };
+        config
+            .validate()
+            .map_err(|(key, message)| f.invalid(key, message))?;
+        Ok(config)
+    }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TensorSpec {
-    /// The name in the checkpoint (`model.layers.3.self_attn.q_proj.weight`).
-    pub name: String,
-    /// Row-major shape as stored (`[out_features, in_features]` for projections).
-    pub shape: Vec<usize>,
-    pub role: Role,
-    pub layer: Option<usize>,
-    pub init: Init,
-}
-
-impl TensorSpec {
-    pub fn elements(&self) -> usize {
-        self.shape.iter().product()
+    /// Checks the relations the kernels rely on; `(key, message)` names what is wrong.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return Err((
+                "num_key_value_heads",
+                format!(
+                    "{} attention heads are not a multiple of {} key/value heads",
+                    self.num_attention_heads, self.num_key_value_heads
+                ),
+            ));
+        }
+        if !SUPPORTED_HEAD_DIMS.contains(&self.head_dim) {
+            return Err((
+                "head_dim",
+                format!("{} is not supported; the attention kernels are built for {SUPPORTED_HEAD_DIMS:?}", self.head_dim),
+            ));
+        }
+        if self.gqa_group() > MAX_GQA_GROUP {
+            return Err((
+                "num_attention_heads",
+                format!(
+                    "{} query heads per key/value head; at most {MAX_GQA_GROUP} are supported",
+                    self.gqa_group()
+                ),
+            ));
+        }
+        if !self.hidden_size.is_multiple_of(8) || !self.intermediate_size.is_multiple_of(8) {
+            return Err((
+                "hidden_size",
+                format!(
+                    "hidden_size {} and intermediate_size {} must be multiples of 8 (16-byte weight rows)",
+                    self.hidden_size, self.intermediate_size
+                ),
+            ));
+        }
+        if self.vocab_size > i32::MAX as usize {
+            return Err((
+                "vocab_size",
+                format!("{} does not fit a 32-bit token id", self.vocab_size),
+            ));
+        }
+        Ok(())
     }
 }
+
+/// Head sizes the attention kernels are instantiated for.
+pub const SUPPORTED_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Most query heads per key/value head the attention kernels hold.
+pub const MAX_GQA_GROUP: usize = 8;
 
 /// Every tensor of the model, in a fixed order (the order is also each tensor's index for the
 /// synthetic generator, so it never changes for a given config).
 pub fn tensor_table(c: &Qwen3Config) -> Vec<TensorSpec> {
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let mut t = Vec::with_capacity(c.num_hidden_layers * 11 + 3);
-    let mut push =
-        |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>, init: Init| {
-            t.push(TensorSpec {
-                name,
-                shape,
-                role,
-                layer,
-                init,
-            })
-        };
-    push(
+    let mut t = TableBuilder::default();
+    t.push(
         "model.embed_tokens.weight".into(),
         vec![v, h],
         Role::Embed,
@@ -105,87 +206,74 @@ pub fn tensor_table(c: &Qwen3Config) -> Vec<TensorSpec> {
         Init::EMBEDDING,
     );
     for l in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        let layer = Some(l);
+        let mut push = |name: &str, shape: Vec<usize>, role: Role, init: Init| {
+            t.push(
+                format!("model.layers.{l}.{name}"),
+                shape,
+                role,
+                Some(l),
+                init,
+            );
+        };
         push(
-            format!("{p}.input_layernorm.weight"),
+            "input_layernorm.weight",
             vec![h],
             Role::InputNorm,
-            layer,
             Init::NORM,
         );
+        let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
         push(
-            format!("{p}.self_attn.q_proj.weight"),
-            vec![c.q_dim(), h],
+            "self_attn.q_proj.weight",
+            vec![q, h],
             Role::QProj,
-            layer,
             Init::linear(h),
         );
         push(
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![c.kv_dim(), h],
+            "self_attn.k_proj.weight",
+            vec![kv, h],
             Role::KProj,
-            layer,
             Init::linear(h),
         );
         push(
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![c.kv_dim(), h],
+            "self_attn.v_proj.weight",
+            vec![kv, h],
             Role::VProj,
-            layer,
             Init::linear(h),
         );
         push(
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![h, c.q_dim()],
+            "self_attn.o_proj.weight",
+            vec![h, q],
             Role::OProj,
-            layer,
-            Init::linear(c.q_dim()),
+            Init::linear(q),
         );
+        push("self_attn.q_norm.weight", vec![hd], Role::QNorm, Init::NORM);
+        push("self_attn.k_norm.weight", vec![hd], Role::KNorm, Init::NORM);
         push(
-            format!("{p}.self_attn.q_norm.weight"),
-            vec![c.head_dim],
-            Role::QNorm,
-            layer,
-            Init::NORM,
-        );
-        push(
-            format!("{p}.self_attn.k_norm.weight"),
-            vec![c.head_dim],
-            Role::KNorm,
-            layer,
-            Init::NORM,
-        );
-        push(
-            format!("{p}.post_attention_layernorm.weight"),
+            "post_attention_layernorm.weight",
             vec![h],
             Role::PostNorm,
-            layer,
             Init::NORM,
         );
         push(
-            format!("{p}.mlp.gate_proj.weight"),
+            "mlp.gate_proj.weight",
             vec![i, h],
             Role::GateProj,
-            layer,
             Init::linear(h),
         );
         push(
-            format!("{p}.mlp.up_proj.weight"),
+            "mlp.up_proj.weight",
             vec![i, h],
             Role::UpProj,
-            layer,
             Init::linear(h),
         );
         push(
-            format!("{p}.mlp.down_proj.weight"),
+            "mlp.down_proj.weight",
             vec![h, i],
             Role::DownProj,
-            layer,
             Init::linear(i),
         );
     }
-    push(
+    t.push(
         "model.norm.weight".into(),
         vec![h],
         Role::FinalNorm,
@@ -193,7 +281,7 @@ pub fn tensor_table(c: &Qwen3Config) -> Vec<TensorSpec> {
         Init::NORM,
     );
     if !c.tie_word_embeddings {
-        push(
+        t.push(
             "lm_head.weight".into(),
             vec![v, h],
             Role::LmHead,
@@ -201,13 +289,112 @@ pub fn tensor_table(c: &Qwen3Config) -> Vec<TensorSpec> {
             Init::linear(h),
         );
     }
-    t
+    t.specs
 }
 
 /// Names a checkpoint may carry that the model does not read: a tied checkpoint's
 /// `lm_head.weight`, and rotary buffers older exports saved (recomputed from `rope_theta`).
 pub fn ignorable_tensor(c: &Qwen3Config, name: &str) -> bool {
     (c.tie_word_embeddings && name == "lm_head.weight") || name.ends_with(".rotary_emb.inv_freq")
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use serde_json::Value;
+
+    fn base() -> serde_json::Map<String, Value> {
+        serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 344,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": true,
+            "eos_token_id": 7
+        })
+        .as_object()
+        .unwrap()
+        .clone()
+    }
+
+    fn parse(m: &serde_json::Map<String, Value>) -> Result<Qwen3Config, ConfigError> {
+        match ModelConfig::from_json(&Value::Object(m.clone()).to_string(), "config.json")? {
+            ModelConfig::Qwen3(c) => Ok(c),
+            other => panic!("a qwen3 config parsed as {}", other.model_type()),
+        }
+    }
+
+    #[test]
+    fn reads_rope_theta_as_4x_and_5x_write_it() {
+        let mut v4 = base();
+        v4.insert("rope_theta".into(), serde_json::json!(1e6));
+        let mut v5 = base();
+        v5.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "default", "rope_theta": 5e6}),
+        );
+        assert_eq!(parse(&v4).unwrap().rope_theta, 1e6);
+        assert_eq!(parse(&v5).unwrap().rope_theta, 5e6);
+        let mut neither = base();
+        neither.remove("rope_theta");
+        let err = parse(&neither).unwrap_err().to_string();
+        assert!(
+            err.contains("rope_theta") && err.contains("missing"),
+            "{err}"
+        );
+        let mut yarn = base();
+        yarn.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
+        );
+        assert!(parse(&yarn).unwrap_err().to_string().contains("yarn"));
+    }
+
+    #[test]
+    fn names_the_wrong_model_type_and_bad_fields() {
+        let mut m = base();
+        m.insert("rope_theta".into(), serde_json::json!(1e6));
+        m.insert("model_type".into(), serde_json::json!("llama"));
+        let err = parse(&m).unwrap_err().to_string();
+        assert!(err.contains("model_type") && err.contains("llama"), "{err}");
+
+        let mut m = base();
+        m.insert("rope_theta".into(), serde_json::json!(1e6));
+        m.insert("num_key_value_heads".into(), serde_json::json!(3));
+        let err = parse(&m).unwrap_err().to_string();
+        assert!(err.contains("num_key_value_heads"), "{err}");
+
+        let mut m = base();
+        m.insert("rope_theta".into(), serde_json::json!(1e6));
+        m.insert("hidden_size".into(), serde_json::json!(-5));
+        assert!(parse(&m).unwrap_err().to_string().contains("hidden_size"));
+
+        let err = ModelConfig::from_json("{not json", "x/config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("x/config.json: not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn defaults_and_eos_lists() {
+        let mut m = base();
+        m.insert("rope_theta".into(), serde_json::json!(1e6));
+        m.remove("head_dim");
+        m.remove("num_key_value_heads");
+        m.insert("hidden_size".into(), serde_json::json!(256));
+        m.insert("eos_token_id".into(), serde_json::json!([1, 2]));
+        let c = parse(&m).unwrap();
+        assert_eq!((c.head_dim, c.num_key_value_heads), (64, 4));
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+    }
+
+    #[test]
+    fn presets_are_valid_and_4b_has_the_published_size() {
+        Qwen3Config::tiny().validate().unwrap();
+        let c = Qwen3Config::qwen3_4b();
+        c.validate().unwrap();
+        assert_eq!(c.parameter_count(), 4_022_468_096);
+        assert_eq!(c.kv_bytes_per_token(), 147_456);
+    }
 }
 
 #[cfg(test)]

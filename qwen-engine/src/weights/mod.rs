@@ -10,8 +10,7 @@ use std::sync::Arc;
 
 use half::bf16;
 
-use crate::config::Qwen3Config;
-use crate::model::qwen3::{tensor_table, Role, TensorSpec};
+use crate::model::{Role, TensorSpec};
 
 /// The bytes of one tensor: a little-endian bf16 range of a memory map, or values converted at load.
 #[derive(Debug, Clone)]
@@ -93,15 +92,15 @@ pub enum Weights {
 }
 
 impl Weights {
-    /// The host tensor for a table entry: a view of the loaded checkpoint, or generated now.
-    pub fn host_tensor(&self, config: &Qwen3Config, index: usize) -> Option<HostTensor> {
+    /// The host tensor for entry `index` of the table, `spec`: a view of the loaded checkpoint,
+    /// or generated now.
+    pub fn host_tensor(&self, spec: &TensorSpec, index: usize) -> Option<HostTensor> {
         match self {
             Weights::Loaded(w) => w.tensors.get(index).cloned(),
             Weights::Synthetic { seed } => {
-                let spec = tensor_table(config).into_iter().nth(index)?;
-                let values = synthetic::generate(&spec, *seed, index as u64);
+                let values = synthetic::generate(spec, *seed, index as u64);
                 Some(HostTensor {
-                    spec,
+                    spec: spec.clone(),
                     data: TensorData::Owned(Arc::new(values)),
                 })
             }

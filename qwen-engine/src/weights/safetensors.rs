@@ -6,11 +6,13 @@
 //! tensor's offsets (past the end, overlapping, a length that disagrees with shape and dtype) and
 //! the index's shard names are checked before anything is read through them.
 //!
-//! Policy for tensors the table does not list: a tied checkpoint's `lm_head.weight` and saved
-//! rotary buffers (`*.rotary_emb.inv_freq`) are ignored ([`ignorable_tensor`]); any other extra
+//! Policy for tensors the table does not list: the family names what a checkpoint may carry that
+//! the model does not read (a tied checkpoint's `lm_head.weight`, saved rotary buffers, a hybrid
+//! checkpoint's vision tower and `mtp.*` head: `ModelConfig::ignorable_tensor`); any other extra
 //! tensor is refused, because it means the checkpoint is another architecture or variant (biases,
 //! quantisation scales, more layers than config.json says) that this model would silently compute
-//! wrong.
+//! wrong. A table entry with `parts` (fused experts) is read whole, or stacked from its parts
+//! (experts stored one by one).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -24,8 +26,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{HostTensor, LoadedWeights, TensorData};
-use crate::config::Qwen3Config;
-use crate::model::qwen3::{ignorable_tensor, tensor_table};
+use crate::model::{ModelConfig, TensorSpec};
 
 /// The single-file checkpoint name and the index of a sharded one.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -81,7 +82,7 @@ pub enum WeightsError {
         path: String,
         dtype: String,
     },
-    #[error("{path}: tensor{plural} {names} {verb} not part of a Qwen3 model with this config.json ({summary}): the checkpoint is another architecture or variant, or config.json does not belong to it")]
+    #[error("{path}: tensor{plural} {names} {verb} not part of the model this config.json describes ({summary}): the checkpoint is another architecture or variant, or config.json does not belong to it")]
     Unexpected {
         path: String,
         names: String,
@@ -361,35 +362,69 @@ fn open_shards(dir: &Path, index: &Path) -> Result<Vec<SafetensorsFile>, Weights
 }
 
 /// A one-line description of the config for error messages.
-fn config_summary(c: &Qwen3Config) -> String {
-    format!(
-        "{} layers, hidden {}, {} heads / {} KV heads of {}, intermediate {}, vocab {}, {} embeddings",
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.num_attention_heads,
-        c.num_key_value_heads,
-        c.head_dim,
-        c.intermediate_size,
-        c.vocab_size,
-        if c.tie_word_embeddings {
-            "tied"
-        } else {
-            "untied"
-        }
-    )
+fn config_summary(config: &ModelConfig) -> String {
+    match config {
+        ModelConfig::Qwen3(c) => format!(
+            "qwen3, {} layers, hidden {}, {} heads / {} KV heads of {}, intermediate {}, vocab {}, {} embeddings",
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+            if c.tie_word_embeddings { "tied" } else { "untied" }
+        ),
+        ModelConfig::Qwen35Moe(c) => format!(
+            "{}, {} layers ({} attention), hidden {}, {} experts of {} (top {}), vocab {}",
+            config.model_type(),
+            c.num_hidden_layers,
+            c.attention_layers(),
+            c.hidden_size,
+            c.num_experts,
+            c.moe_intermediate_size,
+            c.num_experts_per_tok,
+            c.vocab_size
+        ),
+    }
 }
 
-/// Loads and checks every tensor of `tensor_table(config)` from the checkpoint in `dir`, in table
+/// Loads and checks every tensor of the config's table from the checkpoint in `dir`, in table
 /// order: bf16 tensors stay in the memory map, F16 and F32 ones are converted to bf16.
-pub fn load_weights(dir: &Path, config: &Qwen3Config) -> Result<LoadedWeights, WeightsError> {
+pub fn load_weights(dir: &Path, config: &ModelConfig) -> Result<LoadedWeights, WeightsError> {
     let files = open_checkpoint(dir)?;
     check_and_collect(&files, config)
+}
+
+/// Where a table entry's bytes are: one tensor, or its parts stacked.
+enum Source<'a> {
+    Whole((usize, usize)),
+    Parts(Vec<((usize, usize), &'a str)>),
+}
+
+/// Where `spec`'s bytes are among the `found` tensors, if they are there whole or in parts.
+fn source_of<'a>(
+    found: &HashMap<&str, (usize, usize)>,
+    spec: &'a TensorSpec,
+) -> Option<Source<'a>> {
+    if let Some(&at) = found.get(spec.name.as_str()) {
+        return Some(Source::Whole(at));
+    }
+    if spec.parts.is_empty() {
+        return None;
+    }
+    let parts: Option<Vec<_>> = spec
+        .parts
+        .iter()
+        .map(|p| found.get(p.as_str()).map(|&at| (at, p.as_str())))
+        .collect();
+    parts.map(Source::Parts)
 }
 
 /// The table's tensors from already opened files (see [`load_weights`]).
 pub fn check_and_collect(
     files: &[SafetensorsFile],
-    config: &Qwen3Config,
+    config: &ModelConfig,
 ) -> Result<LoadedWeights, WeightsError> {
     let summary = config_summary(config);
     // Tensor name -> (file index, entry index), refusing a name held by two files.
@@ -406,25 +441,33 @@ pub fn check_and_collect(
         }
     }
 
-    let table = tensor_table(config);
-    let missing: Vec<&str> = table
+    let table = config.tensor_table();
+    let source = |spec| source_of(&found, spec);
+    // (name, the first part missing when the tensor may also come in parts)
+    let missing: Vec<(&str, Option<&str>)> = table
         .iter()
-        .map(|s| s.name.as_str())
-        .filter(|n| !found.contains_key(n))
+        .filter(|s| source(s).is_none())
+        .map(|s| {
+            let part = s.parts.iter().find(|p| !found.contains_key(p.as_str()));
+            (s.name.as_str(), part.map(String::as_str))
+        })
         .collect();
-    if let Some(first) = missing.first() {
+    if let Some(&(name, part)) = missing.first() {
         let files_list = files
             .iter()
             .map(|f| f.path.display().to_string())
             .collect::<Vec<_>>()
             .join(", ");
+        let parts = part.map_or(String::new(), |p| {
+            format!(" (nor stored per expert: `{p}` is missing too)")
+        });
         return Err(WeightsError::MissingTensor {
-            name: first.to_string(),
+            name: name.to_string(),
             files: files_list,
             others: match missing.len() {
-                1 => String::new(),
+                1 => parts,
                 n => format!(
-                    " (and {} more of the {} tensors the model needs)",
+                    "{parts} (and {} more of the {} tensors the model needs)",
                     n - 1,
                     table.len()
                 ),
@@ -433,13 +476,17 @@ pub fn check_and_collect(
         });
     }
 
-    let table_names: HashMap<&str, ()> = table.iter().map(|s| (s.name.as_str(), ())).collect();
+    let known: HashMap<&str, ()> = table
+        .iter()
+        .flat_map(|s| std::iter::once(s.name.as_str()).chain(s.parts.iter().map(String::as_str)))
+        .map(|n| (n, ()))
+        .collect();
     for file in files {
         let mut extra: Vec<&str> = file
             .entries
             .iter()
             .map(|e| e.name.as_str())
-            .filter(|n| !table_names.contains_key(n) && !ignorable_tensor(config, n))
+            .filter(|n| !known.contains_key(n) && !config.ignorable_tensor(n))
             .collect();
         if !extra.is_empty() {
             extra.sort_unstable();
@@ -462,51 +509,82 @@ pub fn check_and_collect(
     let total_bytes: usize = table.iter().map(|s| s.elements() * 2).sum();
     let bar = progress_bar(total_bytes);
     let mut tensors = Vec::with_capacity(table.len());
-    for spec in table {
-        let (fi, ei) = found[spec.name.as_str()];
-        let (file, entry) = (&files[fi], &files[fi].entries[ei]);
-        let path = || file.path.display().to_string();
-        if entry.shape != spec.shape {
-            return Err(WeightsError::Shape {
-                name: spec.name.clone(),
-                path: path(),
-                found: entry.shape.clone(),
-                expected: spec.shape.clone(),
-                summary,
-            });
-        }
-        let bytes = &file.map[entry.start..entry.start + entry.len_bytes];
-        let data = match entry.dtype.as_str() {
-            "BF16" => TensorData::Mapped {
-                map: Arc::clone(&file.map),
-                start: entry.start,
-                len_bytes: entry.len_bytes,
-            },
-            "F16" => TensorData::Owned(Arc::new(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32()))
-                    .collect(),
-            )),
-            "F32" => TensorData::Owned(Arc::new(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                    .collect(),
-            )),
-            other => {
-                return Err(WeightsError::Dtype {
-                    name: spec.name.clone(),
-                    path: path(),
-                    dtype: other.to_string(),
-                })
+    for spec in &table {
+        let data = match source(spec).expect("checked above") {
+            Source::Whole((fi, ei)) => {
+                read_tensor(&files[fi], ei, &spec.name, &spec.shape, &summary)?
+            }
+            Source::Parts(parts) => {
+                // Stacked in table order into one owned buffer.
+                let mut values: Vec<bf16> = Vec::with_capacity(spec.elements());
+                for ((fi, ei), name) in parts {
+                    let part = read_tensor(&files[fi], ei, name, &spec.part_shape, &summary)?;
+                    let t = HostTensor {
+                        spec: spec.clone(),
+                        data: part,
+                    };
+                    values.extend_from_slice(&t.bf16());
+                }
+                TensorData::Owned(Arc::new(values))
             }
         };
         bar.inc((spec.elements() * 2) as u64);
-        tensors.push(HostTensor { spec, data });
+        tensors.push(HostTensor {
+            spec: spec.clone(),
+            data,
+        });
     }
     bar.finish_and_clear();
     Ok(LoadedWeights { tensors })
+}
+
+/// Entry `ei` of `file`, checked against the shape the table expects (`name` and `shape`), as
+/// bf16: mapped when stored as BF16, converted from F16 or F32.
+fn read_tensor(
+    file: &SafetensorsFile,
+    ei: usize,
+    name: &str,
+    shape: &[usize],
+    summary: &str,
+) -> Result<TensorData, WeightsError> {
+    let entry = &file.entries[ei];
+    let path = || file.path.display().to_string();
+    if entry.shape != shape {
+        return Err(WeightsError::Shape {
+            name: name.to_string(),
+            path: path(),
+            found: entry.shape.clone(),
+            expected: shape.to_vec(),
+            summary: summary.to_string(),
+        });
+    }
+    let bytes = &file.map[entry.start..entry.start + entry.len_bytes];
+    Ok(match entry.dtype.as_str() {
+        "BF16" => TensorData::Mapped {
+            map: Arc::clone(&file.map),
+            start: entry.start,
+            len_bytes: entry.len_bytes,
+        },
+        "F16" => TensorData::Owned(Arc::new(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_f32(f16::from_le_bytes([b[0], b[1]]).to_f32()))
+                .collect(),
+        )),
+        "F32" => TensorData::Owned(Arc::new(
+            bytes
+                .chunks_exact(4)
+                .map(|b| bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+        )),
+        other => {
+            return Err(WeightsError::Dtype {
+                name: name.to_string(),
+                path: path(),
+                dtype: other.to_string(),
+            })
+        }
+    })
 }
 
 /// A byte-counting bar on stderr for models large enough to take a while; indicatif draws nothing

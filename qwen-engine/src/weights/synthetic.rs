@@ -2,12 +2,12 @@
 //! generator, value `i` is `bf16(fma(scale, u_i, offset))` (the table's [`Init`]), exactly what
 //! the backend's `fill_uniform_bf16` kernel writes on the GPU. Never zeros: every value is drawn.
 //!
-//! [`Init`]: crate::model::qwen3::Init
+//! [`Init`]: crate::model::Init
 
 use aot_kernels::ops::random::fill_uniform_bf16_reference;
 use half::bf16;
 
-use crate::model::qwen3::TensorSpec;
+use crate::model::TensorSpec;
 
 /// The values of one synthetic tensor, as the GPU generator makes them.
 pub fn generate(spec: &TensorSpec, seed: u64, index: u64) -> Vec<bf16> {
@@ -23,8 +23,7 @@ pub fn generate(spec: &TensorSpec, seed: u64, index: u64) -> Vec<bf16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Qwen3Config;
-    use crate::model::qwen3::tensor_table;
+    use crate::model::qwen3::{tensor_table, Qwen3Config};
 
     #[test]
     fn tensors_are_seeded_distinct_and_never_zero() {

@@ -2,8 +2,9 @@
 //! must control chunking exactly): request `i` gets slot `i` and its own consecutive KV blocks;
 //! each step carries, for every unfinished request, its next prefill chunk or its one decode token.
 
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::sampling::SamplingParams;
-use qwen_engine::runner::{Runner, RunnerError, SampleRequest, SeqStep, StepPlan, KV_BLOCK_SIZE};
+use qwen_engine::runner::{Runner, RunnerError, SampleRequest, SeqStep, StepPlan};
 
 #[derive(Debug, Clone)]
 pub struct Request<'a> {
@@ -37,7 +38,7 @@ pub struct Generation {
 
 /// KV blocks one request needs.
 pub fn blocks_for(r: &Request<'_>) -> usize {
-    (r.prompt.len() + r.new_tokens).div_ceil(KV_BLOCK_SIZE)
+    (r.prompt.len() + r.new_tokens).div_ceil(KV_BLOCK_TOKENS)
 }
 
 /// Runs `requests` together to completion; prefill chunks of `chunk` tokens (`None`: the whole
@@ -64,6 +65,8 @@ pub fn run(
         "KV cache too small"
     );
 
+    // A runner with recurrent state gives request `i` state slot `i`.
+    let stateful = runner.state_slots() > 0;
     let mut fed = vec![0usize; requests.len()];
     let mut gens = vec![Generation::default(); requests.len()];
     loop {
@@ -96,6 +99,7 @@ pub fn run(
                         tokens,
                         start_pos: fed[*i],
                         blocks: &tables[*i],
+                        state_slot: stateful.then_some(*i as u32),
                         sample: sample.then_some(SampleRequest {
                             params: r.params,
                             seed: r.seed,

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen_engine::config::Qwen3Config;
 use qwen_engine::load::load_model_dir;
+use qwen_engine::model::ModelConfig;
 use qwen_engine::weights::Weights;
 use serde::Deserialize;
 
@@ -60,7 +60,7 @@ pub struct Fixture {
 
 impl Fixture {
     /// The model folder through the engine's loader.
-    pub fn load_model(&self) -> (Qwen3Config, Weights) {
+    pub fn load_model(&self) -> (ModelConfig, Weights) {
         let (config, weights, _) =
             load_model_dir(&self.dir).unwrap_or_else(|e| panic!("fixture {}: {e}", self.name));
         (config, weights)

@@ -23,10 +23,10 @@ use qwen_engine::bench::report::{
     now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,
     ModelInfo, Peers, Prefill, ReaderRuns,
 };
-use qwen_engine::config::Qwen3Config;
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
+use qwen_engine::model::Qwen3Config;
 use qwen_engine::scheduler::{Event, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
 
@@ -379,7 +379,17 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             .into());
     }
     let src: ModelSource = open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
-    let cfg = src.config.clone();
+    let cfg = src
+        .config
+        .as_qwen3()
+        .ok_or_else(|| {
+            format!(
+                "bench: `{}` has no GPU forward yet; the bench runs dense Qwen3 models",
+                src.config.model_type()
+            )
+        })?
+        .clone();
+    let model = src.config.describe();
     let kv_budget = parse_bytes(&args.kv_budget)?;
     let bw_bytes = parse_bytes(&args.bandwidth_bytes)?;
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
@@ -413,8 +423,8 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             decode_ahead: !args.no_decode_ahead && !args.profile_window,
         };
         let setup = Instant::now();
-        let runner =
-            GpuRunner::new(&cfg, &src.weights, &options, &mut |_| {}).map_err(|e| e.to_string())?;
+        let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |_| {})
+            .map_err(|e| e.to_string())?;
         eprintln!(
             "[{policy}] runner ready in {:.2} s",
             setup.elapsed().as_secs_f64()
@@ -458,9 +468,9 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             ctx: runner.kernels().context().clone(),
             stream: runner.kernels().stream().clone(),
         };
-        let mut opts = EngineOptions::for_model(&cfg);
+        let mut opts = EngineOptions::for_model(&model);
         opts.max_context = options.max_context;
-        let mut engine = Engine::new(Box::new(runner), &cfg, opts);
+        let mut engine = Engine::new(Box::new(runner), &model, opts);
         for &input in &args.inputs {
             for &c in &args.concurrency {
                 let (cell, _) = run_cell(
@@ -511,7 +521,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
         },
         build: BuildInfo::current(args.git_commit.clone()),
         dispatch: serde_json::Value::Object(dispatch),
-        model: ModelInfo::from_config(&src.name, &cfg),
+        model: ModelInfo::from_model(&src.name, &model),
         bandwidth: bandwidth.ok_or("no bandwidth was measured")?,
         cells,
         peers: None,

@@ -12,7 +12,7 @@ use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
 use qwen_engine::gpu::{GpuOptions, GpuRunner};
-use qwen_engine::kv;
+use qwen_engine::memory;
 use qwen_engine::runner::{DeviceKind, Runner};
 use qwen_engine::scheduler::{Event, FinishReason, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
@@ -169,13 +169,14 @@ fn build_runner(
 ) -> Result<Box<dyn Runner>, String> {
     let slots = args.slots.unwrap_or(args.concurrency.max(8));
     let budget = args.kv_budget.as_deref().map(parse_bytes).transpose()?;
+    let model = src.config.describe();
     match device {
         DeviceKind::Cuda => {
             let policy = match args.policy {
                 Some(p) => p,
                 None => Policy::from_env().map_err(|e| e.to_string())?,
             };
-            let bytes = src.config.parameter_count() as usize * 2;
+            let bytes = model.parameter_count as usize * 2;
             let bar = progress_bar(
                 bytes,
                 if matches!(src.weights, qwen_engine::weights::Weights::Synthetic { .. }) {
@@ -189,9 +190,7 @@ fn build_runner(
                 slots,
                 kv_budget: budget,
                 graphs: !args.no_graphs,
-                max_context: args
-                    .max_context
-                    .unwrap_or(src.config.max_position_embeddings.min(32_768)),
+                max_context: args.max_context.unwrap_or(model.max_context.min(32_768)),
                 toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
                 prefill_tokens: args.prefill_tokens,
                 attention_pipelined: None,
@@ -207,15 +206,13 @@ fn build_runner(
         }
         DeviceKind::Cpu => {
             let budget = budget.unwrap_or(256 << 20);
-            let max_context = args
-                .max_context
-                .unwrap_or(src.config.max_position_embeddings.min(4096));
-            let kv_blocks = kv::blocks_in_budget(&src.config, budget / 2)
-                .min(slots * kv::blocks_for(max_context));
+            let max_context = args.max_context.unwrap_or(model.max_context.min(4096));
+            let kv_blocks = memory::blocks_in_budget(&model, budget / 2)
+                .min(slots * memory::blocks_for(max_context));
             if kv_blocks == 0 {
                 return Err(format!(
                     "the KV budget of {budget} bytes holds no block ({} bytes in fp32); raise --kv-budget",
-                    2 * kv::block_bytes(&src.config)
+                    2 * memory::block_bytes(&model)
                 ));
             }
             let runner = CpuRunner::new(
@@ -260,12 +257,13 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(format!("{device} runner: {e}")),
     };
     let load_s = started.elapsed().as_secs_f64();
-    let mut options = EngineOptions::for_model(&src.config);
+    let model = src.config.describe();
+    let mut options = EngineOptions::for_model(&model);
     options.prefill_chunk = args.prefill_chunk;
     if let Some(c) = args.max_context {
         options.max_context = c;
     }
-    let mut engine = Engine::new(runner, &src.config, options);
+    let mut engine = Engine::new(runner, &model, options);
     let params = sampling(&args);
     let mut ids: Vec<RequestId> = Vec::new();
     for i in 0..args.concurrency {

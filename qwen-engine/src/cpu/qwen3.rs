@@ -1,24 +1,16 @@
-//! The Qwen3 forward pass in fp32, as transformers' `Qwen3ForCausalLM` computes it in float32
-//! (the equations of `model::qwen3`). A step is a flat list of rows, each one token of one
+//! The dense Qwen3 forward pass in fp32, as transformers' `Qwen3ForCausalLM` computes it in
+//! float32 (the equations of `model::qwen3`). A step is a flat list of rows, each one token of one
 //! sequence at its position; every row's result depends only on its own token, position and
 //! cache, never on the other rows, so prefill chunking and batching do not change a single bit.
 
 use super::kv::PagedKvCache;
 use super::math::{dot, linear, rms_norm, silu, softmax, Rope};
 use super::weights::CpuWeights;
-use crate::config::Qwen3Config;
-
-/// One token of one sequence in a step.
-#[derive(Debug, Clone, Copy)]
-pub struct Row<'a> {
-    pub token: u32,
-    pub pos: usize,
-    /// The sequence's KV block table.
-    pub blocks: &'a [u32],
-}
+use super::Row;
+use crate::model::Qwen3Config;
 
 #[derive(Debug)]
-pub struct CpuModel {
+pub struct DenseModel {
     pub config: Qwen3Config,
     pub weights: CpuWeights,
     rope: Rope,
@@ -27,9 +19,9 @@ pub struct CpuModel {
     attn_scale: f32,
 }
 
-impl CpuModel {
-    pub fn new(config: Qwen3Config, weights: CpuWeights) -> CpuModel {
-        CpuModel {
+impl DenseModel {
+    pub fn new(config: Qwen3Config, weights: CpuWeights) -> DenseModel {
+        DenseModel {
             rope: Rope::new(config.head_dim, config.rope_theta),
             eps: config.rms_norm_eps as f32,
             attn_scale: (config.head_dim as f64).powf(-0.5) as f32,
