@@ -1,7 +1,7 @@
 //! Qwen3 (dense): the tensor table. Every weight the model reads, with its Hugging Face name,
 //! its shape and how a synthetic model initialises it. The table drives the loader's checks, the
 //! synthetic-weight generator and the runners' uploads; the forward pass lives with each runner
-//! (`cpu::forward`, `gpu::runner`) and reads like the equations in qwen-models.md:
+//! (`cpu::forward`, `gpu::runner`) and reads like the equations in docs/models.md:
 //!
 //! ```text
 //! h = embed[token]
