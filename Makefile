@@ -2,7 +2,9 @@
 #   make run    build the kernels for every target, verify the built binaries against the lock,
 #               show this machine's dispatch plan (and load report on a GPU), and decode with the
 #               built-in tiny model (on the GPU if there is one, else on the CPU reference engine)
-#   make test   the whole test suite (what CI runs)
+#   make test   the whole test suite (what CI runs), the doc-link check included
+#   make docs-check  every relative link and anchor of README.md and docs/ resolves; no source cites a
+#               document outside the repository (scripts/check-docs.py, python3 only, no build)
 #   make lock   rewrite aot-manifest.lock after an intended kernel or flag change
 #   make triton regenerate the Triton modules' committed PTX and metadata (kernels/triton/generated/)
 SHELL := /bin/bash
@@ -10,7 +12,7 @@ CARGO ?= cargo
 RELEASE := target/release
 VERIFY := $(RELEASE)/fatbin-verify verify --manifest aot-manifest.toml --lock aot-manifest.lock
 
-.PHONY: setup build verify run test lint lock gpu-bundle clean-cache triton triton-check
+.PHONY: setup build verify run test lint lock gpu-bundle clean-cache triton triton-check docs-check
 
 setup:
 	@bash scripts/setup-toolchain.sh
@@ -34,7 +36,10 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: setup
+docs-check:
+	python3 scripts/check-docs.py
+
+test: docs-check setup
 	$(CARGO) test --workspace --release
 	$(MAKE) verify
 	$(MAKE) triton-check

@@ -1,5 +1,5 @@
 //! CUDA ELF (cubin) reading: architecture from either e_flags layout, `a` from `.nv.compat`,
-//! kernel entries, toolkit strings and the ELF extent (fatbin-format.md section 2).
+//! kernel entries, toolkit strings and the ELF extent (docs/fatbin-format.md section 2).
 
 use crate::elf::Elf;
 use crate::error::Error;

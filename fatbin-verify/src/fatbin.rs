@@ -1,4 +1,4 @@
-//! Fatbin containers and their entries (layout: fatbin-format.md section 1).
+//! Fatbin containers and their entries (layout: docs/fatbin-format.md section 1).
 //!
 //! A container is a 16-byte header plus a run of entries; an entry is a header of at least
 //! 0x40 bytes plus a padded payload. Nothing here copies the input: entries borrow their

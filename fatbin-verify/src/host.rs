@@ -1,4 +1,4 @@
-//! Finding fatbin containers in whatever file holds them (fatbin-format.md section 4): ELF
+//! Finding fatbin containers in whatever file holds them (docs/fatbin-format.md section 4): ELF
 //! executables, shared libraries and objects, `ar` archives (Rust rlibs included), and any
 //! binary that carries a fatbin as plain data. Sections are scanned for the container
 //! signature instead of following `.nvFatBinSegment` pointers, which are relocations in `.o`

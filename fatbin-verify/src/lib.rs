@@ -2,7 +2,7 @@
 //!
 //! Every parser works over `&[u8]`, never copies what it need not, and treats every byte as hostile:
 //! each offset and size is checked before it is read, and errors name the offset and what was
-//! expected there. Byte layouts: `../shared/docs/fatbin-format.md` in the project's steering repo.
+//! expected there. Byte layouts: `docs/fatbin-format.md`.
 //!
 //! The same library serves the build script (reading back what nvcc made), the runtime dispatcher
 //! (image kinds and PTX versions) and the `fatbin-verify` CLI (list, extract, verify).

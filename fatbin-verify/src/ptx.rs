@@ -1,4 +1,4 @@
-//! PTX text: `.version`, `.target`, `.address_size` and kernel entries (fatbin-format.md
+//! PTX text: `.version`, `.target`, `.address_size` and kernel entries (docs/fatbin-format.md
 //! section 3). Comments and string literals are skipped so a `//` inside a `.file` path or an
 //! `.entry` inside a comment cannot fool the reader.
 

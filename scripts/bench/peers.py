@@ -56,7 +56,7 @@ IMPLEMENTATIONS = ("eager", "static-compiled")
 DEFAULT_INPUTS = (16, 1024)
 DEFAULT_CONCURRENCY = (1, 4, 8)
 
-# Qwen3-4B (qwen-models.md; the engine's `Qwen3Config::qwen3_4b`), and the engine's built-in tiny model.
+# Qwen3-4B (docs/models.md; the engine's `Qwen3Config::qwen3_4b`), and the engine's built-in tiny model.
 MODELS = {
     "qwen3-4b": dict(
         vocab_size=151_936,

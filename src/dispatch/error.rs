@@ -33,7 +33,7 @@ pub fn translate(err: DriverError) -> DriverFailure {
         ),
         CUDA_ERROR_UNSUPPORTED_PTX_VERSION => (
             "the PTX .version (ISA) is newer than this driver understands",
-            "update the NVIDIA driver to one whose CUDA version supports that ISA (see cuda-targets.md), or ship PTX from an older toolkit",
+            "update the NVIDIA driver to one whose CUDA version supports that ISA (see docs/dispatch.md), or ship PTX from an older toolkit",
         ),
         CUDA_ERROR_INVALID_PTX => (
             "the driver's JIT rejected the PTX text",

@@ -269,7 +269,7 @@ fn sass_fit(target: Target, device: &DeviceSpec) -> Option<Reason> {
         return Some(Reason::ExactSass);
     }
     // Never across a major. Baseline minor-version compatibility is documented for desktop GPUs
-    // only (cuda-targets.md: an sm_80 cubin did not load on Orin); family (`f`) code is built to
+    // only (docs/dispatch.md: an sm_80 cubin did not load on Orin); family (`f`) code is built to
     // run on every member of its family, integrated ones included.
     let same_major_lower_minor = major == cap.major && minor < cap.minor;
     match target.variant {

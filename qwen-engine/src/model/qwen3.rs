@@ -91,7 +91,7 @@ impl Qwen3Config {
         }
     }
 
-    /// The shapes of Qwen3-4B (qwen-models.md), for running the full-size model without a download.
+    /// The shapes of Qwen3-4B (docs/models.md), for running the full-size model without a download.
     pub fn qwen3_4b() -> Self {
         Qwen3Config {
             vocab_size: 151_936,
