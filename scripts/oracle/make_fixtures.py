@@ -17,27 +17,26 @@ model.safetensors are byte-identical whatever --device; only expected.json's flo
 """
 
 import argparse
-import hashlib
 import json
-import os
-import platform
 import shutil
-import sys
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-# Deterministic cuBLAS (torch.use_deterministic_algorithms needs this before CUDA starts).
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+from oracle_common import (
+    add_common_args,
+    assert_bf16_exact_float32,
+    bf16_teacher_forced,
+    draw_parameters,
+    expected_record,
+    run_prompts,
+    setup,
+    summary,
+    to_bf16_exact,
+    write_expected,
+)
+import torch  # noqa: E402  (after oracle_common, which sets the environment first)
 from safetensors import safe_open  # noqa: E402
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 SCRIPT_VERSION = 2  # 2: transformers bf16 teacher-forced logits per step
-STEPS = 32
-TOP = 5
 
 # Shapes cover head_dim 64 and 128, GQA 1:1, 2:1 and 4:1, tied and untied embeddings, hidden and
 # MLP sizes that are multiples of 8 but not powers of two, 2 and 3 layers. The GQA fixtures have two
@@ -93,16 +92,6 @@ FIXTURES = [
 ]
 
 
-def set_float32_everywhere():
-    """float32 math with no reduced-precision shortcuts (no TF32, no fp16/bf16 reductions)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    torch.set_float32_matmul_precision("highest")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
-
 def make_config(f):
     return Qwen3Config(
         vocab_size=f["vocab_size"],
@@ -148,17 +137,14 @@ def random_weight(name, shape, f, gen):
         fan_in = shape[1]
         gain = 2.0 if ("o_proj" in name or "down_proj" in name) else 1.0
         w = gain * torch.randn(shape, generator=gen) / fan_in**0.5
-    return w.to(torch.bfloat16).to(torch.float32)
+    return to_bf16_exact(w)
 
 
 def build_model(f):
     config = make_config(f)
     torch.manual_seed(f["seed"])  # transformers' own init, overwritten below
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()
-    gen = torch.Generator(device="cpu").manual_seed(f["seed"])
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            p.copy_(random_weight(name, tuple(p.shape), f, gen))
+    draw_parameters(model, f["seed"], lambda name, shape, gen: random_weight(name, shape, f, gen))
     if f["tie_word_embeddings"]:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
@@ -206,102 +192,15 @@ def load_reference(folder, f, device):
     assert c.tie_word_embeddings == f["tie_word_embeddings"]
     if f["tie_word_embeddings"]:
         assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
-    for name, p in model.named_parameters():
-        assert p.dtype == torch.float32, name
-        assert torch.equal(p, p.to(torch.bfloat16).to(torch.float32)), f"{name} is not bf16-exact"
+    assert_bf16_exact_float32(model)
     return model
-
-
-def make_prompts(f):
-    gen = torch.Generator(device="cpu").manual_seed(f["seed"] + 1)
-    prompts = []
-    for n in f["prompt_lengths"]:
-        ids = torch.randint(0, f["vocab_size"], (n,), generator=gen).tolist()
-        prompts.append({"name": f"len{n}", "ids": ids})
-    return prompts
-
-
-def ranked(logits):
-    """Token ids by logit descending, id ascending on ties (the engine's greedy rule)."""
-    values = logits.astype(np.float32)
-    order = np.lexsort((np.arange(values.size), -values))
-    return order, values
-
-
-@torch.no_grad()
-def greedy_with_top5(model, ids, device):
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor([ids], device=device), past_key_values=cache, use_cache=True)
-    steps = []
-    for _ in range(STEPS):
-        logits = out.logits[0, -1].to(torch.float32).cpu().numpy()
-        order, values = ranked(logits)
-        token = int(order[0])
-        steps.append(
-            {
-                "token": token,
-                "logit": float(values[token]),
-                "margin": float(values[order[0]]) - float(values[order[1]]),
-                "top5_ids": [int(i) for i in order[:TOP]],
-                "top5_logits": [float(values[i]) for i in order[:TOP]],
-            }
-        )
-        out = model(
-            input_ids=torch.tensor([[token]], device=device),
-            past_key_values=cache,
-            use_cache=True,
-        )
-    return steps
-
-
-@torch.no_grad()
-def bf16_teacher_forced(folder, prompts, device):
-    """transformers' own bf16 noise: the same model run in bfloat16 (eager attention) on the float32
-    greedy tokens in one forward pass; for each step the bf16 logits of the float32 top-5 ids.
-    GPU tests compare their bf16 engine's distance from float32 with this one."""
-    model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager")
-    model = model.to(device).eval()
-    worst = 0.0
-    for p in prompts:
-        ids = p["ids"] + p["generated"][:-1]
-        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0].to(torch.float32).cpu().numpy()
-        start = len(p["ids"]) - 1
-        for i, step in enumerate(p["steps"]):
-            row = logits[start + i]
-            step["bf16_top5_logits"] = [float(row[t]) for t in step["top5_ids"]]
-            for t, want in zip(step["top5_ids"], step["top5_logits"]):
-                worst = max(worst, abs(float(row[t]) - want) / max(abs(want), 1.0))
-    return worst
-
-
-def device_name(device):
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()})"
-
-
-def sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="folder to write <fixture>/ folders into")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
-    ap.add_argument("--only", action="append", help="make only this fixture (repeatable)")
+    add_common_args(ap)
     args = ap.parse_args()
-
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no CUDA device; run on the GPU machine or use --device cpu")
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # one summation order, whatever the machine
-    set_float32_everywhere()
-
-    names = {f["name"] for f in FIXTURES}
-    for wanted in args.only or []:
-        if wanted not in names:
-            sys.exit(f"--only {wanted}: no such fixture; known: {', '.join(sorted(names))}")
+    device = setup(args, FIXTURES)
 
     for f in FIXTURES:
         if args.only and f["name"] not in args.only:
@@ -309,44 +208,15 @@ def main():
         folder = args.out / f["name"]
         write_fixture_folder(f, folder)
         model = load_reference(folder, f, device)
-        prompts = make_prompts(f)
-        for p in prompts:
-            steps = greedy_with_top5(model, p["ids"], device)
-            p["generated"] = [s["token"] for s in steps]
-            p["steps"] = steps
-        bf16_noise = bf16_teacher_forced(folder, prompts, device)
-        expected = {
-            "script": "scripts/oracle/make_fixtures.py",
-            "script_version": SCRIPT_VERSION,
-            "name": f["name"],
-            "seed": f["seed"],
-            "prompt_seed": f["seed"] + 1,
-            "config_style": f["config_style"],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "device": device_name(device),
-            "compute_dtype": "float32",
-            "weights_dtype": "bfloat16",
-            "attn_implementation": "eager",
-            "tf32": False,
-            "steps_per_prompt": STEPS,
-            "bf16_relative_noise": bf16_noise,
-            "files_sha256": {
-                "config.json": sha256(folder / "config.json"),
-                "model.safetensors": sha256(folder / "model.safetensors"),
-            },
-            "prompts": prompts,
-        }
-        (folder / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
-        margins = [s["margin"] for p in prompts for s in p["steps"]]
-        size = sum(x.stat().st_size for x in folder.iterdir())
-        print(
-            f"{f['name']}: {size / 1e6:.2f} MB, prompts {[len(p['ids']) for p in prompts]}, "
-            f"min margin {min(margins):.4f}, median margin {float(np.median(margins)):.4f}, "
-            f"distinct generated {[len(set(p['generated'])) for p in prompts]}, "
-            f"transformers bf16 vs float32: max relative {bf16_noise:.4f}"
+        prompts = run_prompts(model, f, device)
+        bf16 = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager")
+        bf16_noise = bf16_teacher_forced(bf16.to(device).eval(), prompts, device)
+        specific = {"config_style": f["config_style"]}
+        expected = expected_record(
+            "scripts/oracle/make_fixtures.py", SCRIPT_VERSION, f, specific, device, bf16_noise, folder, prompts
         )
+        write_expected(folder, expected)
+        print(summary(folder, prompts, bf16_noise))
 
 
 if __name__ == "__main__":
