@@ -484,3 +484,102 @@ fn missing_misshaped_and_wrong_dtype_tensors_are_named() {
         ],
     );
 }
+
+/// A copy of a hybrid fixture folder's config.json and model.safetensors.
+fn copy_hybrid(name: &str) -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::fixtures::hybrid_fixtures_dir().join(name);
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+const HYBRID_PER_EXPERT: &str = "hybrid-l3f1-e8k2-cond-per-expert";
+const HYBRID_FUSED: &str = "hybrid-l3f1-e8k2-text-fused";
+
+#[test]
+fn a_hybrid_checkpoint_skips_its_vision_tower_and_mtp_head_by_name_only() {
+    let dir = copy_hybrid(HYBRID_PER_EXPERT);
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = read_tensors(&path);
+    assert!(tensors.iter().any(|t| t.name.starts_with("model.visual.")));
+    assert!(tensors.iter().any(|t| t.name.starts_with("mtp.")));
+    let (config, w) = load_weights(dir.path());
+    assert_eq!(config.model_type(), "qwen3_5_moe");
+    assert_eq!(w.tensors.len(), config.tensor_table().len());
+    // Any other extra tensor is refused by name.
+    let mut extra = tensors[0].clone();
+    extra.name = "model.language_model.layers.0.linear_attn.in_proj_qkv.bias".into();
+    tensors.push(extra);
+    write_tensors(&path, &tensors);
+    assert_mentions(
+        &load_error(dir.path()),
+        &[
+            "linear_attn.in_proj_qkv.bias",
+            "not part of the model",
+            "qwen3_5_moe",
+        ],
+    );
+}
+
+#[test]
+fn a_missing_expert_names_the_fused_tensor_and_the_missing_part() {
+    let dir = copy_hybrid(HYBRID_PER_EXPERT);
+    let path = dir.path().join("model.safetensors");
+    let gone = "model.language_model.layers.2.mlp.experts.5.up_proj.weight";
+    let tensors: Vec<Stored> = read_tensors(&path)
+        .into_iter()
+        .filter(|t| t.name != gone)
+        .collect();
+    write_tensors(&path, &tensors);
+    assert_mentions(
+        &load_error(dir.path()),
+        &[
+            "`model.language_model.layers.2.mlp.experts.gate_up_proj` is missing",
+            &format!("`{gone}` is missing too"),
+            "use the config.json that came with these weights",
+        ],
+    );
+}
+
+#[test]
+fn a_misshaped_fused_expert_tensor_is_named_with_both_shapes() {
+    let dir = copy_hybrid(HYBRID_FUSED);
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = read_tensors(&path);
+    let down = tensors
+        .iter_mut()
+        .find(|t| t.name == "model.layers.1.mlp.experts.down_proj")
+        .expect("a fused fixture");
+    // [E, H, I] stored as [E, I, H]: the same bytes, the wrong shape.
+    down.shape.swap(1, 2);
+    write_tensors(&path, &tensors);
+    assert_mentions(
+        &load_error(dir.path()),
+        &[
+            "model.layers.1.mlp.experts.down_proj",
+            "[8, 32, 64]",
+            "[8, 64, 32]",
+        ],
+    );
+}
+
+#[test]
+fn per_expert_and_fused_checkpoints_give_the_same_stacked_experts() {
+    let (_, fused) = load_weights(&common::fixtures::hybrid_fixtures_dir().join(HYBRID_FUSED));
+    let per = copy_hybrid("hybrid-l3f1-e8k2-text-per-expert");
+    let (_, stacked) = load_weights(per.path());
+    assert_eq!(bf16_values(&fused), bf16_values(&stacked));
+    // The stacked form is owned (copied at load); the fused one stays in the memory map.
+    let gate_up = |w: &LoadedWeights| {
+        w.tensors
+            .iter()
+            .find(|t| t.spec.name == "model.layers.0.mlp.experts.gate_up_proj")
+            .unwrap()
+            .data
+            .clone()
+    };
+    assert!(matches!(gate_up(&fused), TensorData::Mapped { .. }));
+    assert!(matches!(gate_up(&stacked), TensorData::Owned(_)));
+}

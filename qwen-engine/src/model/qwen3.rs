@@ -1,7 +1,7 @@
 //! Qwen3 (dense): the hyperparameters (`model_type` `qwen3`), the tensor table and the equations.
 //! Every weight the model reads, with its Hugging Face name, its shape and how a synthetic model
 //! initialises it. The table drives the loader's checks, the synthetic-weight generator and the
-//! runners' uploads; the forward pass lives with each runner (`cpu::forward`, `gpu::qwen3`) and
+//! runners' uploads; the forward pass lives with each runner (`cpu::qwen3`, `gpu::GpuRunner`) and
 //! reads like these equations (docs/models.md):
 //!
 //! ```text

@@ -3,7 +3,11 @@
 //! transformers computed on exactly those weights in float32: per prompt, the greedy continuation
 //! and each step's top-5 logits and top-1/top-2 margin.
 //!
-//! `QWEN_FIXTURES=DIR` points the tests at another set (e.g. one regenerated on the GPU machine).
+//! The hybrid family's fixtures (`tests/fixtures-hybrid/`, `scripts/oracle/make_hybrid_fixtures.py`)
+//! have the same files and `expected.json` fields.
+//!
+//! `QWEN_FIXTURES=DIR` (`QWEN_HYBRID_FIXTURES=DIR`) points the tests at another set (e.g. one
+//! regenerated on the GPU machine).
 
 use std::path::{Path, PathBuf};
 
@@ -109,10 +113,25 @@ pub fn load(dir: &Path) -> Fixture {
     }
 }
 
-/// Every fixture folder (those with an expected.json), by name.
+pub fn hybrid_fixtures_dir() -> PathBuf {
+    match std::env::var_os("QWEN_HYBRID_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures-hybrid"),
+    }
+}
+
+/// Every dense fixture folder (those with an expected.json), by name.
 pub fn all() -> Vec<Fixture> {
-    let root = fixtures_dir();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+    all_in(&fixtures_dir())
+}
+
+/// Every hybrid fixture folder, by name.
+pub fn all_hybrid() -> Vec<Fixture> {
+    all_in(&hybrid_fixtures_dir())
+}
+
+fn all_in(root: &Path) -> Vec<Fixture> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("expected.json").is_file())
