@@ -336,12 +336,12 @@ fn gpu_gemm_timings() {
     let w = buffer(19456 * 2560, 2);
     let mut c = s.alloc_zeros::<bf16>(t * 19456).unwrap();
     let best = GemmKernel::best(&kernels);
-    let kernels: &[GemmKernel] = if best == GemmKernel::Wgmma {
+    let gemms: &[GemmKernel] = if best == GemmKernel::Wgmma {
         &[GemmKernel::MmaSync, GemmKernel::Wgmma]
     } else {
         &[GemmKernel::MmaSync]
     };
-    for &kernel in kernels {
+    for &kernel in gemms {
         let mut layer_ms = 0.0;
         let mut layer_flop = 0.0;
         for (name, n, kk) in [
