@@ -85,16 +85,19 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
     } else {
         (cuda12(), ModuleSource::registry_of_kind(ModuleKind::Cuda))
     };
-    let k = load_available(&d, Policy::Auto, &modules).unwrap();
-    print(k.report());
+    let kernels = load_available(&d, Policy::Auto, &modules).unwrap();
+    print(kernels.report());
     let want = exact_sass(&d);
     let sm = d.spec.capability.sm() as i32;
     // Every module that runs here; on an sm_90 GPU that is every module, fast paths included.
-    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
+    assert_eq!(
+        loaded(kernels.report()),
+        servable(&d, Policy::Auto, &modules)
+    );
     if d.spec.capability.sm() == 90 {
-        assert_eq!(k.report().modules.len(), modules.len());
+        assert_eq!(kernels.report().modules.len(), modules.len());
     }
-    for m in &k.report().modules {
+    for m in &kernels.report().modules {
         // This GPU's SASS: `sm_90`, or `sm_90a` for the Triton modules and the wgmma GEMM.
         assert!(
             m.target.sm == want.sm && !m.target.virtual_arch,
@@ -121,15 +124,18 @@ fn gpu_auto_loads_exact_sass_for_every_module() {
 fn gpu_ptx_only_jits_compute_80_for_every_module() {
     let d = gpu("gpu_ptx_only_jits_compute_80_for_every_module");
     let registry = ModuleSource::registry();
-    let k = load_available(&d, Policy::PtxOnly, &registry).unwrap();
-    print(k.report());
+    let kernels = load_available(&d, Policy::PtxOnly, &registry).unwrap();
+    print(kernels.report());
     // Every portable module; no fast path (their PTX is no fallback).
-    assert_eq!(loaded(k.report()), servable(&d, Policy::PtxOnly, &registry));
+    assert_eq!(
+        loaded(kernels.report()),
+        servable(&d, Policy::PtxOnly, &registry)
+    );
     assert!(registry
         .iter()
-        .all(|m| m.portable == loaded(k.report()).contains(&m.name.as_str())));
+        .all(|m| m.portable == loaded(kernels.report()).contains(&m.name.as_str())));
     let sm = d.spec.capability.sm() as i32;
-    for m in &k.report().modules {
+    for m in &kernels.report().modules {
         assert_eq!(m.target, Target::ptx(80), "{}", m.module);
         assert_eq!(m.toolchain, cuda13(), "{}: the newest PTX", m.module);
         assert!(
@@ -151,14 +157,17 @@ fn gpu_registry_without_this_gpus_sass_falls_back_to_ptx_by_itself() {
         .into_iter()
         .map(|m| m.retain_images(|i| i.target.virtual_arch || i.target.capability().0 != major))
         .collect();
-    let k = load_available(&d, Policy::Auto, &modules).unwrap();
-    print(k.report());
+    let kernels = load_available(&d, Policy::Auto, &modules).unwrap();
+    print(kernels.report());
     // The fast paths lose their only SASS with this GPU's: they are left out, never JIT'd.
-    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
+    assert_eq!(
+        loaded(kernels.report()),
+        servable(&d, Policy::Auto, &modules)
+    );
     assert!(modules
         .iter()
-        .all(|m| m.portable == loaded(k.report()).contains(&m.name.as_str())));
-    for m in &k.report().modules {
+        .all(|m| m.portable == loaded(kernels.report()).contains(&m.name.as_str())));
+    for m in &kernels.report().modules {
         assert_eq!(m.target, Target::ptx(80), "{}", m.module);
         assert!(
             matches!(m.reason, Reason::PtxJit { forced: false, .. }),
@@ -251,27 +260,34 @@ fn gpu_cubin_for_another_major_gives_translated_no_binary_for_gpu() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_functions_are_handed_out_by_module_and_entry() {
     gpu("gpu_functions_are_handed_out_by_module_and_entry");
-    let k = load_all(Policy::Auto).unwrap();
-    let d = k.device();
+    let kernels = load_all(Policy::Auto).unwrap();
+    let d = kernels.device();
     for m in registry::modules() {
         let src = ModuleSource::from_record(m);
         if let Some(why) = fast_path_unavailable(d, Policy::Auto, &src) {
             // A fast path for other GPUs: not loaded, and asking for it says so.
             eprintln!("{}: {why}", m.name);
-            assert!(k.function(m.name, m.entries[0]).is_err(), "{}", m.name);
+            assert!(
+                kernels.function(m.name, m.entries[0]).is_err(),
+                "{}",
+                m.name
+            );
             continue;
         }
         for e in m.entries {
-            let f = k.function(m.name, e).unwrap();
+            let f = kernels.function(m.name, e).unwrap();
             assert!(f.num_regs().unwrap() > 0, "{}::{e}", m.name);
         }
     }
-    let err = k.function("rmsnorm", "no_such_entry").unwrap_err();
+    let err = kernels.function("rmsnorm", "no_such_entry").unwrap_err();
     assert!(err.to_string().contains("rmsnorm_bf16"), "{err}");
-    let err = k.function("no_such_module", "x").unwrap_err();
+    let err = kernels.function("no_such_module", "x").unwrap_err();
     assert!(err.to_string().contains("activation"), "{err}");
-    assert_eq!(k.device().capability, k.report().device.capability);
-    assert!(k.stream().context() == k.context());
+    assert_eq!(
+        kernels.device().capability,
+        kernels.report().device.capability
+    );
+    assert!(kernels.stream().context() == kernels.context());
     // Second load in this process: registry hashes come from the cache.
     let again = load_all(Policy::Auto).unwrap();
     assert!(again
@@ -320,11 +336,14 @@ fn cuda12_registry() -> Vec<ModuleSource> {
 fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
     let d = gpu("gpu_forced_cuda12_loads_cuda12_sass_for_every_module");
     let modules = cuda12_registry();
-    let k = load_available(&d, Policy::Auto, &modules).unwrap();
-    print(k.report());
+    let kernels = load_available(&d, Policy::Auto, &modules).unwrap();
+    print(kernels.report());
     let sm = d.spec.capability.sm() as i32;
-    assert_eq!(loaded(k.report()), servable(&d, Policy::Auto, &modules));
-    for m in &k.report().modules {
+    assert_eq!(
+        loaded(kernels.report()),
+        servable(&d, Policy::Auto, &modules)
+    );
+    for m in &kernels.report().modules {
         // This GPU's SASS: `sm_90`, or `sm_90a` for the wgmma GEMM.
         assert_eq!(
             (m.target, m.toolchain, m.reason, m.jit),
@@ -344,10 +363,10 @@ fn gpu_forced_cuda12_loads_cuda12_sass_for_every_module() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-bundle.sh does)"]
 fn gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module() {
     let d = gpu("gpu_forced_cuda12_ptx_jits_isa_8_8_for_every_module");
-    let k = load_available(&d, Policy::PtxOnly, &cuda12_registry()).unwrap();
-    print(k.report());
+    let kernels = load_available(&d, Policy::PtxOnly, &cuda12_registry()).unwrap();
+    print(kernels.report());
     let sm = d.spec.capability.sm() as i32;
-    for m in &k.report().modules {
+    for m in &kernels.report().modules {
         assert_eq!(
             (m.target, m.toolchain),
             (Target::ptx(80), cuda12()),
@@ -378,18 +397,22 @@ fn gpu_toolchain_environment_switch_forces_cuda12() {
     std::env::set_var(TOOLCHAIN_ENV, "cuda99");
     let bogus = load_all_from_env();
     std::env::remove_var(TOOLCHAIN_ENV);
-    let k = forced.unwrap();
-    print(k.report());
-    assert!(k.report().modules.iter().all(|m| m.toolchain == cuda12()));
+    let kernels = forced.unwrap();
+    print(kernels.report());
+    assert!(kernels
+        .report()
+        .modules
+        .iter()
+        .all(|m| m.toolchain == cuda12()));
     // Every CUDA module loaded; the Triton modules (no CUDA 12 images) were left out.
-    let loaded: Vec<&str> = k
+    let loaded: Vec<&str> = kernels
         .report()
         .modules
         .iter()
         .map(|m| m.module.as_str())
         .collect();
     // (and any fast path built for other GPUs).
-    let d = k.device();
+    let d = kernels.device();
     let cuda: Vec<&str> = registry::modules()
         .iter()
         .filter(|m| m.kind == ModuleKind::Cuda)

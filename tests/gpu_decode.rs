@@ -3,19 +3,19 @@
 //!
 //! `#[ignore]`d: without a GPU they are listed as ignored, never passed; asked to run
 //! (`--include-ignored`) without one they fail. Each test prints its input seed.
-//! Checks: outputs within the stated tolerance of the float64 reference (attention: plus what its
-//! bf16 probabilities allow, 2^-8 of the largest |v|); SASS (`auto`) and PTX
+//! One claim a test: outputs within the stated tolerance of the float64 reference (attention: plus
+//! what its bf16 probabilities allow, 2^-8 of the largest |v|); SASS (`auto`) and PTX
 //! (`ptx-only`) bitwise equal; a token's result identical alone and in a batch of 8; launches
 //! replayed from a CUDA graph equal to the eager ones (the attention merge counters reset).
 //! Bandwidth of the Qwen3-4B projections is printed (measured with CUDA events; never asserted).
 
-use aot_kernels::dispatch::{
-    load_available, open_device, pdl_device, LoadedKernels, ModuleSource, OpenDevice, PdlMode,
-    Policy,
-};
+mod gpu_common;
+
+use aot_kernels::dispatch::{pdl_device, LoadedKernels, OpenDevice, PdlMode, Policy};
 use aot_kernels::ops::attention::{
     attention_decode, attention_decode_reference, attn_pipelined, attn_scratch_needs, attn_splits,
-    qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS, CLUSTER_SPLITS,
+    cluster_fits, qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS,
+    CLUSTER_SPLITS,
 };
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::embedding::{embedding, embedding_reference};
@@ -27,37 +27,11 @@ use aot_kernels::ops::gemv::{
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
 use cudarc::driver::{CudaSlice, CudaStream};
+use gpu_common::{device, load, load_auto, random_bf16, seed};
 use half::bf16;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use std::sync::Arc;
-
-fn device() -> OpenDevice {
-    open_device(0)
-        .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
-}
-
-fn kernels(d: &OpenDevice, policy: Policy) -> LoadedKernels {
-    load_available(d, policy, &ModuleSource::registry()).unwrap()
-}
-
-fn rand_bf16(rng: &mut StdRng, n: usize, scale: f32) -> Vec<bf16> {
-    (0..n)
-        .map(|_| bf16::from_f32(rng.gen_range(-scale..scale)))
-        .collect()
-}
-
-/// Fresh random inputs each run; `AOT_TEST_SEED=N` replays the inputs of a printed seed.
-fn seed(test: &str) -> StdRng {
-    let s: u64 = match std::env::var("AOT_TEST_SEED") {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-            panic!("AOT_TEST_SEED={v:?} is not a seed: give the number a test printed")
-        }),
-        Err(_) => rand::random(),
-    };
-    eprintln!("[{test}] input seed {s}");
-    StdRng::seed_from_u64(s)
-}
 
 /// `got` is within `ulps` bf16 ulps of `want`, or within `abs` (for values that cancel to near 0,
 /// where fp32 and float64 sums differ by more than an ulp of the tiny result).
@@ -127,12 +101,12 @@ fn rows_flip_bound(got_h: &[bf16], want_h: &[bf16], rows: std::ops::Range<usize>
         .sum()
 }
 
-/// Runs one case for `m` tokens on `k` kernels; returns the outputs (bf16 bits or f32 bits as u32).
+/// Runs one case for `m` tokens on `kernels`; returns the outputs (bf16 bits or f32 bits as u32).
 /// With the norm prologue, each row's sum of squares goes in as the engine's producers leave it:
 /// one partial sum per 16 elements (`[groups][8]`), which the kernel adds up itself.
 #[allow(clippy::too_many_arguments)]
 fn run_gemv(
-    kr: &LoadedKernels,
+    kernels: &LoadedKernels,
     c: &GemvCase,
     m: usize,
     w: &[bf16],
@@ -142,7 +116,7 @@ fn run_gemv(
     overlap: bool,
 ) -> Vec<u32> {
     let options = GemvOptions::overlap_previous(overlap);
-    let s = kr.stream();
+    let s = kernels.stream();
     let dw = upload(s, w);
     let dx = upload(s, x);
     let groups = c.k.div_ceil(TILE_ROWS);
@@ -156,17 +130,17 @@ fn run_gemv(
     let dnw = upload(s, nw);
     let input = if c.norm {
         GemvInput::Norm {
-            h: dev(kr, &dx),
+            h: dev(kernels, &dx),
             ld_h: c.k,
-            ssq: dev(kr, &dssq),
+            ssq: dev(kernels, &dssq),
             ssq_groups: groups,
-            weight: dev(kr, &dnw),
+            weight: dev(kernels, &dnw),
             eps: 1e-6,
             weight_offset: 0.0,
         }
     } else {
         GemvInput::Plain {
-            x: dev(kr, &dx),
+            x: dev(kernels, &dx),
             ld_x: c.k,
         }
     };
@@ -174,14 +148,14 @@ fn run_gemv(
         Epi::Bf16 => {
             let mut o = s.alloc_zeros::<bf16>(m * c.n).unwrap();
             gemv_with(
-                kr,
-                dev(kr, &dw),
+                kernels,
+                dev(kernels, &dw),
                 c.n,
                 c.k,
                 m,
                 &input,
                 GemvOutput::Bf16 {
-                    out: dev_mut(kr, &mut o),
+                    out: dev_mut(kernels, &mut o),
                     ld_out: c.n,
                 },
                 options,
@@ -196,14 +170,14 @@ fn run_gemv(
         Epi::F32 => {
             let mut o = s.alloc_zeros::<f32>(m * c.n).unwrap();
             gemv_with(
-                kr,
-                dev(kr, &dw),
+                kernels,
+                dev(kernels, &dw),
                 c.n,
                 c.k,
                 m,
                 &input,
                 GemvOutput::F32 {
-                    out: dev_mut(kr, &mut o),
+                    out: dev_mut(kernels, &mut o),
                     ld_out: c.n,
                 },
                 options,
@@ -221,16 +195,16 @@ fn run_gemv(
                 .alloc_zeros::<f32>(residual_groups(c.n) * MAX_TOKENS)
                 .unwrap();
             gemv_with(
-                kr,
-                dev(kr, &dw),
+                kernels,
+                dev(kernels, &dw),
                 c.n,
                 c.k,
                 m,
                 &input,
                 GemvOutput::Residual {
-                    h: dev_mut(kr, &mut h),
+                    h: dev_mut(kernels, &mut h),
                     ld_h: c.n,
-                    ssq_out: dev_mut(kr, &mut so),
+                    ssq_out: dev_mut(kernels, &mut so),
                 },
                 options,
             )
@@ -248,14 +222,14 @@ fn run_gemv(
             let inter = c.n / 2;
             let mut o = s.alloc_zeros::<bf16>(m * inter).unwrap();
             gemv_with(
-                kr,
-                dev(kr, &dw),
+                kernels,
+                dev(kernels, &dw),
                 c.n,
                 c.k,
                 m,
                 &input,
                 GemvOutput::SiluMul {
-                    out: dev_mut(kr, &mut o),
+                    out: dev_mut(kernels, &mut o),
                     ld_out: inter,
                     intermediate: inter,
                 },
@@ -321,118 +295,193 @@ fn bf16s(v: &[u32]) -> Vec<bf16> {
 }
 
 /// Whether an overlapped launch of this shape takes a staged entry here (as `gemv_with` decides).
-fn takes_staged(k: &LoadedKernels, n: usize, kk: usize, m: usize, norm: bool) -> bool {
-    gemv_launch(k, n, kk, m, norm, GemvOptions::overlap_previous(true)).staged
+fn takes_staged(kernels: &LoadedKernels, n: usize, k: usize, m: usize, norm: bool) -> bool {
+    gemv_launch(kernels, n, k, m, norm, GemvOptions::overlap_previous(true)).staged
 }
 
 /// A chain as the decode step runs it, each launch reading what the one before wrote: a plain
 /// GEMV (9728 -> 4096) writes x; an overlapped one (o_proj-like, 4096 -> 2560) reads it after its
 /// wait and adds into h with new sums of squares; an overlapped norm one (qkv-like, 2560 -> 6144)
 /// normalises that h. x, h and the sums start as garbage, so a read before the producer ends would
-/// show. The overlapped chain must equal the plain one bit for bit, five times over.
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_overlapped_gemvs_read_what_the_kernel_before_wrote() {
-    let mut rng = seed("gemv-overlap");
-    let d = device();
-    let k = kernels(&d, Policy::Auto);
-    let s = k.stream();
-    let (k1, n1, n2, n3, m) = (9728usize, 4096usize, 2560usize, 6144usize, 8usize);
-    let w1 = upload(s, &rand_bf16(&mut rng, n1 * k1, (3.0 / k1 as f32).sqrt()));
-    let w2 = upload(s, &rand_bf16(&mut rng, n2 * n1, (3.0 / n1 as f32).sqrt()));
-    let w3 = upload(s, &rand_bf16(&mut rng, n3 * n2, (3.0 / n2 as f32).sqrt()));
-    let nw = upload(s, &rand_bf16(&mut rng, n2, 1.0));
-    let x0 = upload(s, &rand_bf16(&mut rng, m * k1, 1.5));
-    let h_init = rand_bf16(&mut rng, m * n2, 2.0);
-    let garbage_x = rand_bf16(&mut rng, m * n1, 7.0);
-    let garbage_ssq: Vec<f32> = (0..residual_groups(n2) * MAX_TOKENS)
-        .map(|i| 1.0 + i as f32)
-        .collect();
-    let staged = takes_staged(&k, n2, n1, m, false) && takes_staged(&k, n3, n2, m, true);
-    eprintln!(
-        "  overlap {} (capability {}.{}): staged launches {staged}",
-        k.overlap_launch(MODULE),
-        d.spec.capability.major,
-        d.spec.capability.minor
-    );
-    if pdl_device(&d.spec) && PdlMode::from_env().unwrap() != PdlMode::Off {
-        assert!(
-            staged,
-            "an sm_90+ GPU under auto must take the staged entries here"
-        );
+/// show.
+struct GemvChain {
+    kernels: LoadedKernels,
+    w1: CudaSlice<bf16>,
+    w2: CudaSlice<bf16>,
+    w3: CudaSlice<bf16>,
+    nw: CudaSlice<bf16>,
+    x0: CudaSlice<bf16>,
+    h_init: Vec<bf16>,
+    garbage_x: Vec<bf16>,
+    garbage_ssq: Vec<f32>,
+}
+
+/// The chain's K of its first link, its three N, and its tokens.
+const CHAIN: (usize, usize, usize, usize, usize) = (9728, 4096, 2560, 6144, 8);
+
+impl GemvChain {
+    fn new(test: &str, d: &OpenDevice) -> Self {
+        let mut rng = seed(test);
+        let kernels = load(d, Policy::Auto);
+        let (k1, n1, n2, n3, m) = CHAIN;
+        let s = kernels.stream();
+        let w1 = upload(s, &random_bf16(&mut rng, n1 * k1, (3.0 / k1 as f32).sqrt()));
+        let w2 = upload(s, &random_bf16(&mut rng, n2 * n1, (3.0 / n1 as f32).sqrt()));
+        let w3 = upload(s, &random_bf16(&mut rng, n3 * n2, (3.0 / n2 as f32).sqrt()));
+        let nw = upload(s, &random_bf16(&mut rng, n2, 1.0));
+        let x0 = upload(s, &random_bf16(&mut rng, m * k1, 1.5));
+        let h_init = random_bf16(&mut rng, m * n2, 2.0);
+        let garbage_x = random_bf16(&mut rng, m * n1, 7.0);
+        let garbage_ssq: Vec<f32> = (0..residual_groups(n2) * MAX_TOKENS)
+            .map(|i| 1.0 + i as f32)
+            .collect();
+        GemvChain {
+            kernels,
+            w1,
+            w2,
+            w3,
+            nw,
+            x0,
+            h_init,
+            garbage_x,
+            garbage_ssq,
+        }
     }
-    let run = |overlap: bool| -> (Vec<u16>, Vec<u16>) {
+
+    /// Runs the chain, its last two links overlapped or not; returns the bits of h and of the
+    /// last output.
+    fn run(&self, overlap: bool) -> (Vec<u16>, Vec<u16>) {
+        let (k1, n1, n2, n3, m) = CHAIN;
+        let kernels = &self.kernels;
+        let s = kernels.stream();
         let options = GemvOptions::overlap_previous(overlap);
-        let mut x = upload(s, &garbage_x);
-        let mut h = upload(s, &h_init);
-        let mut ssq = upload(s, &garbage_ssq);
+        let mut x = upload(s, &self.garbage_x);
+        let mut h = upload(s, &self.h_init);
+        let mut ssq = upload(s, &self.garbage_ssq);
         let mut out = s.alloc_zeros::<bf16>(m * n3).unwrap();
         let input0 = GemvInput::Plain {
-            x: dev(&k, &x0),
+            x: dev(kernels, &self.x0),
             ld_x: k1,
         };
         gemv(
-            &k,
-            dev(&k, &w1),
+            kernels,
+            dev(kernels, &self.w1),
             n1,
             k1,
             m,
             &input0,
             GemvOutput::Bf16 {
-                out: dev_mut(&k, &mut x),
+                out: dev_mut(kernels, &mut x),
                 ld_out: n1,
             },
         )
         .unwrap();
         let input1 = GemvInput::Plain {
-            x: dev(&k, &x),
+            x: dev(kernels, &x),
             ld_x: n1,
         };
         let output1 = GemvOutput::Residual {
-            h: dev_mut(&k, &mut h),
+            h: dev_mut(kernels, &mut h),
             ld_h: n2,
-            ssq_out: dev_mut(&k, &mut ssq),
+            ssq_out: dev_mut(kernels, &mut ssq),
         };
-        gemv_with(&k, dev(&k, &w2), n2, n1, m, &input1, output1, options).unwrap();
+        gemv_with(
+            kernels,
+            dev(kernels, &self.w2),
+            n2,
+            n1,
+            m,
+            &input1,
+            output1,
+            options,
+        )
+        .unwrap();
         let input2 = GemvInput::Norm {
-            h: dev(&k, &h),
+            h: dev(kernels, &h),
             ld_h: n2,
-            ssq: dev(&k, &ssq),
+            ssq: dev(kernels, &ssq),
             ssq_groups: residual_groups(n2),
-            weight: dev(&k, &nw),
+            weight: dev(kernels, &self.nw),
             eps: 1e-6,
             weight_offset: 0.0,
         };
         let output2 = GemvOutput::Bf16 {
-            out: dev_mut(&k, &mut out),
+            out: dev_mut(kernels, &mut out),
             ld_out: n3,
         };
-        gemv_with(&k, dev(&k, &w3), n3, n2, m, &input2, output2, options).unwrap();
+        gemv_with(
+            kernels,
+            dev(kernels, &self.w3),
+            n3,
+            n2,
+            m,
+            &input2,
+            output2,
+            options,
+        )
+        .unwrap();
         let bits = |v: Vec<bf16>| v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>();
         (
             bits(s.clone_dtoh(&h).unwrap()),
             bits(s.clone_dtoh(&out).unwrap()),
         )
-    };
-    let (want_h, want_out) = run(false);
+    }
+}
+
+/// Whether this device launches the decode GEMVs programmatically under `auto`: an sm_90+ GPU
+/// unless `AOT_PDL=off`.
+fn pdl_expected(d: &OpenDevice) -> bool {
+    pdl_device(&d.spec) && PdlMode::from_env().unwrap() != PdlMode::Off
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_overlapped_gemv_chain_takes_the_staged_entries_on_an_sm_90_gpu() {
+    let d = device();
+    let kernels = load_auto(&d);
+    let (_, n1, n2, n3, m) = CHAIN;
+    let staged =
+        takes_staged(&kernels, n2, n1, m, false) && takes_staged(&kernels, n3, n2, m, true);
+    eprintln!(
+        "  overlap {} (capability {}.{}): staged launches {staged}",
+        kernels.overlap_launch(MODULE),
+        d.spec.capability.major,
+        d.spec.capability.minor
+    );
+    if pdl_expected(&d) {
+        assert!(
+            staged,
+            "an sm_90+ GPU under auto must take the staged entries here"
+        );
+    }
+}
+
+/// The plain chain against the reference of its first two links (h from x0): the residual sum of
+/// a correct x, not of the garbage.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_plain_gemv_chain_matches_the_reference() {
+    let d = device();
+    let chain = GemvChain::new("gemv-chain-reference", &d);
+    let (k1, n1, n2, _, m) = CHAIN;
+    let s = chain.kernels.stream();
+    let (want_h, want_out) = chain.run(false);
     assert!(
         want_out.iter().any(|&b| b != 0),
         "the plain chain wrote nothing"
     );
-    // The plain chain itself against the reference of its first two links (h from x0): the
-    // residual sum of a correct x, not of the garbage.
     let x_ref: Vec<bf16> = gemv_reference(
-        &s.clone_dtoh(&w1).unwrap(),
+        &s.clone_dtoh(&chain.w1).unwrap(),
         n1,
         k1,
-        &s.clone_dtoh(&x0).unwrap(),
+        &s.clone_dtoh(&chain.x0).unwrap(),
         m,
     )
     .iter()
     .map(|&v| bf16::from_f64(v))
     .collect();
-    let y_ref = gemv_reference(&s.clone_dtoh(&w2).unwrap(), n2, n1, &x_ref, m);
-    let (h_ref, _) = residual_reference(&y_ref, &h_init, n2, m);
+    let y_ref = gemv_reference(&s.clone_dtoh(&chain.w2).unwrap(), n2, n1, &x_ref, m);
+    let (h_ref, _) = residual_reference(&y_ref, &chain.h_init, n2, m);
     let near = want_h
         .iter()
         .zip(&h_ref)
@@ -445,8 +494,17 @@ fn gpu_overlapped_gemvs_read_what_the_kernel_before_wrote() {
         "plain chain's h: {near} of {} near the reference",
         want_h.len()
     );
+}
+
+/// The overlapped chain must equal the plain one bit for bit, five times over.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_overlapped_gemvs_read_what_the_kernel_before_wrote() {
+    let d = device();
+    let chain = GemvChain::new("gemv-overlap", &d);
+    let (want_h, want_out) = chain.run(false);
     for round in 0..5 {
-        let (h, out) = run(true);
+        let (h, out) = chain.run(true);
         assert_eq!(
             h, want_h,
             "round {round}: the overlapped o_proj-like launch differs"
@@ -458,18 +516,13 @@ fn gpu_overlapped_gemvs_read_what_the_kernel_before_wrote() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
-    let mut rng = seed("gemv");
-    let d = device();
-    let sass = kernels(&d, Policy::Auto);
-    let ptx = kernels(&d, Policy::PtxOnly);
-    // Narrow launches whose blocks take two tiles at once (four warps a tile) on any GPU: 3 x SMs
-    // + 1 tiles over 2 x SMs blocks, so blocks 0..=SMs have a pair and the rest one tile, with K
-    // of 7 and of 4 chunks (slices of 2, 2, 2, 1 and some warps without one).
-    let pair_tiles = 3 * sass.sm_count() + 1;
-    let mut cases = vec![
+/// The GEMV cases, every epilogue at the Qwen3-4B shapes and at odd sizes. The first two are
+/// narrow launches whose blocks take two tiles at once (four warps a tile) on any GPU: 3 x SMs + 1
+/// tiles over 2 x SMs blocks, so blocks 0..=SMs have a pair and the rest one tile, with K of 7 and
+/// of 4 chunks (slices of 2, 2, 2, 1 and some warps without one).
+fn gemv_cases(sm_count: usize) -> Vec<GemvCase> {
+    let pair_tiles = 3 * sm_count + 1;
+    vec![
         GemvCase {
             name: "narrow pairs, 3 x SMs + 1 tiles x 200, residual",
             n: pair_tiles * 16,
@@ -484,13 +537,6 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             norm: true,
             epi: Epi::F32,
         },
-    ];
-    let pair_shape = gemv_shape(cases[0].n, sass.sm_count());
-    assert!(
-        pair_shape.narrow && pair_shape.blocks < pair_tiles,
-        "the pair cases must be narrow with fewer blocks than tiles: {pair_shape:?}"
-    );
-    cases.extend([
         GemvCase {
             name: "o_proj 2560x4096 bf16",
             n: 2560,
@@ -565,12 +611,125 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
             norm: true,
             epi: Epi::SiluMul,
         },
-    ]);
-    // Whether overlapped launches stage here: on Hopper and later, whose auto images are sm_90+.
+    ]
+}
+
+/// The token counts of every case. Wide norm launches take the all-rows prologue from
+/// NORM_ALL_ROWS_MIN (4) rows: 3 and 4 sit either side, and the alone-versus-batched check
+/// compares the two prologues' bits.
+const GEMV_TOKENS: [usize; 4] = [1, 3, 4, 8];
+
+/// Random inputs of one case at `m` tokens.
+struct GemvRun {
+    m: usize,
+    w: Vec<bf16>,
+    x: Vec<bf16>,
+    nw: Vec<bf16>,
+    /// The reference's sums of squares are exact (float64, rounded once); the kernel adds per-16
+    /// f32 partial sums (see `run_gemv`), a few f32 ulps away (`norm_flip_bound`).
+    ssq: Vec<f32>,
+    h0: Vec<bf16>,
+}
+
+impl GemvRun {
+    fn new(rng: &mut StdRng, c: &GemvCase, m: usize) -> Self {
+        let w = random_bf16(rng, c.n * c.k, (3.0 / c.k as f32).sqrt());
+        let x = random_bf16(rng, m * c.k, 1.5);
+        let nw = random_bf16(rng, c.k, 1.0);
+        let ssq: Vec<f32> = x
+            .chunks(c.k)
+            .map(|r| r.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum::<f64>() as f32)
+            .collect();
+        let h0 = random_bf16(rng, m * c.n, 2.0);
+        GemvRun {
+            m,
+            w,
+            x,
+            nw,
+            ssq,
+            h0,
+        }
+    }
+
+    /// The case's outputs on `kernels` (see [`run_gemv`]), overlapped or not.
+    fn on(&self, kernels: &LoadedKernels, c: &GemvCase, overlap: bool) -> Vec<u32> {
+        run_gemv(
+            kernels, c, self.m, &self.w, &self.x, &self.nw, &self.h0, overlap,
+        )
+    }
+
+    /// The reference's y (before the epilogue), in float64.
+    fn reference(&self, c: &GemvCase) -> Vec<f64> {
+        let xin = if c.norm {
+            norm_input_reference(&self.x, c.k, &self.ssq, &self.nw, 1e-6, 0.0)
+        } else {
+            self.x.clone()
+        };
+        gemv_reference(&self.w, c.n, c.k, &xin, self.m)
+    }
+
+    /// With the norm prologue: what the inputs that may round either way can move each output
+    /// (see `norm_flip_bound`); nothing without it.
+    fn flips(&self, c: &GemvCase) -> Vec<f64> {
+        if c.norm {
+            norm_flip_bound(
+                &self.w, c.n, c.k, &self.x, &self.ssq, &self.nw, 1e-6, 0.0, self.m,
+            )
+        } else {
+            vec![0.0; self.m * c.n]
+        }
+    }
+
+    fn label(&self, c: &GemvCase) -> String {
+        format!("{} m={}", c.name, self.m)
+    }
+}
+
+/// Every case that `keep` keeps, at every token count of [`GEMV_TOKENS`], on fresh inputs (the
+/// seed printed under `test`).
+fn each_gemv_run(
+    test: &str,
+    sm_count: usize,
+    keep: impl Fn(&GemvCase) -> bool,
+    mut check: impl FnMut(&GemvCase, &GemvRun),
+) {
+    let mut rng = seed(test);
+    for c in gemv_cases(sm_count).iter().filter(|c| keep(c)) {
+        for m in GEMV_TOKENS {
+            check(c, &GemvRun::new(&mut rng, c, m));
+        }
+    }
+}
+
+/// fp32 accumulation against float64: relative error ~1e-6 of sum |w x| (about 1 for these
+/// scales).
+const GEMV_ABS: f32 = 2e-3;
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_pair_cases_are_narrow_with_fewer_blocks_than_tiles() {
+    let kernels = load_auto(&device());
+    let sm_count = kernels.sm_count();
+    let pair_tiles = 3 * sm_count + 1;
+    let pair_shape = gemv_shape(gemv_cases(sm_count)[0].n, sm_count);
+    assert!(
+        pair_shape.narrow && pair_shape.blocks < pair_tiles,
+        "the pair cases must be narrow with fewer blocks than tiles: {pair_shape:?}"
+    );
+}
+
+/// Overlapped launches stage on Hopper and later, whose auto images are sm_90+; never from the
+/// compute_80 PTX.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_overlaps_only_from_sm_90_images() {
+    let d = device();
+    let sass = load(&d, Policy::Auto);
+    let ptx = load(&d, Policy::PtxOnly);
     let capability = d.spec.capability;
     assert_eq!(
         sass.overlap_launch(MODULE),
-        pdl_device(&d.spec) && PdlMode::from_env().unwrap() != PdlMode::Off,
+        pdl_expected(&d),
         "overlap on an sm_{}{} GPU",
         capability.major,
         capability.minor
@@ -579,138 +738,19 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
         !ptx.overlap_launch(MODULE),
         "the compute_80 PTX has no griddepcontrol.wait"
     );
+}
+
+/// Where overlapped launches stage, some case takes the staged entries (so the test below checks
+/// them).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_some_case_takes_the_staged_entries() {
+    let sass = load_auto(&device());
     let mut staged_runs = 0;
-    // Wide norm launches take the all-rows prologue from NORM_ALL_ROWS_MIN (4) rows: 3 and 4 sit
-    // either side, and the alone-versus-batched check below compares the two prologues' bits.
-    for c in &cases {
-        for m in [1usize, 3, 4, 8] {
-            let w = rand_bf16(&mut rng, c.n * c.k, (3.0 / c.k as f32).sqrt());
-            let x = rand_bf16(&mut rng, m * c.k, 1.5);
-            let nw = rand_bf16(&mut rng, c.k, 1.0);
-            // The reference's sums of squares are exact (float64, rounded once); the kernel adds
-            // per-16 f32 partial sums (see `run_gemv`), a few f32 ulps away (`norm_flip_bound`).
-            let ssq: Vec<f32> = x
-                .chunks(c.k)
-                .map(|r| r.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum::<f64>() as f32)
-                .collect();
-            let h0 = rand_bf16(&mut rng, m * c.n, 2.0);
-            let got = run_gemv(&sass, c, m, &w, &x, &nw, &h0, false);
-            let got_ptx = run_gemv(&ptx, c, m, &w, &x, &nw, &h0, false);
-            // Overlapped (the staged narrow entries, launched programmatically where the image
-            // allows: an sm_90+ GPU under auto): the same sums in the same order, the same bits.
-            let staged = run_gemv(&sass, c, m, &w, &x, &nw, &h0, true);
-            assert_eq!(
-                got, staged,
-                "{} m={m}: the overlapped launch differs",
-                c.name
-            );
+    for c in &gemv_cases(sass.sm_count()) {
+        for m in GEMV_TOKENS {
             if takes_staged(&sass, c.n, c.k, m, c.norm) {
                 staged_runs += 1;
-            }
-            assert_eq!(got, got_ptx, "{} m={m}: SASS and PTX differ", c.name);
-
-            let xin = if c.norm {
-                norm_input_reference(&x, c.k, &ssq, &nw, 1e-6, 0.0)
-            } else {
-                x.clone()
-            };
-            let y = gemv_reference(&w, c.n, c.k, &xin, m);
-            // fp32 accumulation against float64: relative error ~1e-6 of sum |w x| (about 1 for these scales).
-            let abs = 2e-3;
-            let label = format!("{} m={m}", c.name);
-            // With the norm prologue: what the inputs that may round either way can move each
-            // output (see `norm_flip_bound`).
-            let flips = if c.norm {
-                norm_flip_bound(&w, c.n, c.k, &x, &ssq, &nw, 1e-6, 0.0, m)
-            } else {
-                vec![0.0; m * c.n]
-            };
-            match c.epi {
-                Epi::Bf16 => check_bf16_with(
-                    &label,
-                    &bf16s(&got),
-                    &y.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>(),
-                    1,
-                    |i| abs + flips[i] as f32,
-                ),
-                Epi::F32 => {
-                    // fp32 accumulation: 1e-3, plus the input flips.
-                    let (mut worst, mut flip_sum) = (0.0f64, 0.0f64);
-                    for (i, (&g, &r)) in got.iter().zip(&y).enumerate() {
-                        let err = (f64::from(f32::from_bits(g)) - r).abs();
-                        assert!(
-                            err < 1e-3 + flips[i],
-                            "{label}[{i}]: {err:.3e}, input flips allow {:.3e}",
-                            flips[i]
-                        );
-                        worst = worst.max(err);
-                        flip_sum += flips[i];
-                    }
-                    eprintln!(
-                        "  {label}: max |f32 - f64| = {worst:.2e} (input flips allow {:.2e} on average)",
-                        flip_sum / got.len() as f64
-                    );
-                }
-                Epi::Residual => {
-                    let (want_h, want_ssq) = residual_reference(&y, &h0, c.n, m);
-                    // bf16(bf16(y) + h): a one-ulp flip in rounding y, then the sum's own rounding
-                    // going the other way: up to an ulp of y plus an ulp of the result.
-                    check_bf16_with(&label, &bf16s(&got[..m * c.n]), &want_h, 1, |i| {
-                        abs.max(bf16_ulp(y[i] as f32) + bf16_ulp(want_h[i].to_f32()))
-                    });
-                    // The sums of squares are of the h the kernel wrote: exact in float64 from its
-                    // output, against the kernel's fp32 sum of 16 squares. (Against the reference's
-                    // h they may differ by far more: one h that rounds the other way by an ulp moves
-                    // its square by 2 |h| ulp, 0.25 at |h| = 4; on the H200 that failed the old
-                    // bound of 1e-3 relative + 0.05 with seed 10888643568556379875.)
-                    let got_h = bf16s(&got[..m * c.n]);
-                    for g in 0..residual_groups(c.n) {
-                        for t in 0..m {
-                            let got_s = f32::from_bits(got[m * c.n + g * MAX_TOKENS + t]);
-                            let rows = g * TILE_ROWS..((g + 1) * TILE_ROWS).min(c.n);
-                            let exact: f64 = rows
-                                .clone()
-                                .map(|r| f64::from(got_h[t * c.n + r].to_f32()).powi(2))
-                                .sum();
-                            assert!(
-                                (f64::from(got_s) - exact).abs() <= 1e-5 * exact + 1e-6,
-                                "{label}: ssq[{g}][{t}] {got_s} vs {exact} from its own h"
-                            );
-                            // And near the reference's (the h check above bounds the flips).
-                            let want_s = want_ssq[g * MAX_TOKENS + t];
-                            let flips: f32 =
-                                rows_flip_bound(&got_h[t * c.n..], &want_h[t * c.n..], rows);
-                            assert!(
-                                (got_s - want_s).abs() <= 1e-3 * want_s.abs() + flips,
-                                "{label}: ssq[{g}][{t}] {got_s} vs reference {want_s} (h flips allow {flips})"
-                            );
-                        }
-                    }
-                }
-                // bf16(bf16(silu(bf16(gate))) * bf16(up)): a flip in rounding gate moves the
-                // activation by up to two of its ulps, a flip in up by one, and the product is
-                // rounded once more: up to about four ulps of the result.
-                Epi::SiluMul => check_bf16(
-                    &label,
-                    &bf16s(&got),
-                    &silu_mul_reference(&y, c.n / 2, m),
-                    4,
-                    abs,
-                ),
-            }
-            // Token j's result alone equals its result in the batch (residual output: h rows only).
-            if m > 1 {
-                let j = m - 1;
-                let alone = run_gemv(&sass, c, 1, &w, &x[j * c.k..], &nw, &h0[j * c.n..], false);
-                let width = match c.epi {
-                    Epi::SiluMul => c.n / 2,
-                    _ => c.n,
-                };
-                assert_eq!(
-                    &alone[..width],
-                    &got[j * width..(j + 1) * width],
-                    "{label}: token {j} alone differs from batched"
-                );
             }
         }
     }
@@ -718,6 +758,248 @@ fn gpu_gemv_epilogues_match_reference_batch_independent_sass_equals_ptx() {
         eprintln!("  {staged_runs} launches took the staged entries");
         assert!(staged_runs > 0, "no case took the staged entries");
     }
+}
+
+/// Overlapped (the staged narrow entries, launched programmatically where the image allows: an
+/// sm_90+ GPU under auto): the same sums in the same order, the same bits.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_overlapped_launch_equals_the_plain_one() {
+    let sass = load_auto(&device());
+    each_gemv_run(
+        "gemv-overlapped",
+        sass.sm_count(),
+        |_| true,
+        |c, run| {
+            assert_eq!(
+                run.on(&sass, c, false),
+                run.on(&sass, c, true),
+                "{}: the overlapped launch differs",
+                run.label(c)
+            );
+        },
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_sass_equals_ptx() {
+    let d = device();
+    let sass = load(&d, Policy::Auto);
+    let ptx = load(&d, Policy::PtxOnly);
+    each_gemv_run(
+        "gemv-sass-ptx",
+        sass.sm_count(),
+        |_| true,
+        |c, run| {
+            assert_eq!(
+                run.on(&sass, c, false),
+                run.on(&ptx, c, false),
+                "{}: SASS and PTX differ",
+                run.label(c)
+            );
+        },
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_bf16_output_matches_the_reference() {
+    let sass = load_auto(&device());
+    let bf16_out = |c: &GemvCase| matches!(c.epi, Epi::Bf16);
+    each_gemv_run("gemv-bf16", sass.sm_count(), bf16_out, |c, run| {
+        let got = run.on(&sass, c, false);
+        let flips = run.flips(c);
+        check_bf16_with(
+            &run.label(c),
+            &bf16s(&got),
+            &run.reference(c)
+                .iter()
+                .map(|&v| bf16::from_f64(v))
+                .collect::<Vec<_>>(),
+            1,
+            |i| GEMV_ABS + flips[i] as f32,
+        );
+    });
+}
+
+/// fp32 accumulation: 1e-3, plus the input flips.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_f32_output_matches_the_reference() {
+    let sass = load_auto(&device());
+    let f32_out = |c: &GemvCase| matches!(c.epi, Epi::F32);
+    each_gemv_run("gemv-f32", sass.sm_count(), f32_out, |c, run| {
+        let got = run.on(&sass, c, false);
+        let (y, flips, label) = (run.reference(c), run.flips(c), run.label(c));
+        let (mut worst, mut flip_sum) = (0.0f64, 0.0f64);
+        for (i, (&g, &r)) in got.iter().zip(&y).enumerate() {
+            let err = (f64::from(f32::from_bits(g)) - r).abs();
+            assert!(
+                err < 1e-3 + flips[i],
+                "{label}[{i}]: {err:.3e}, input flips allow {:.3e}",
+                flips[i]
+            );
+            worst = worst.max(err);
+            flip_sum += flips[i];
+        }
+        eprintln!(
+            "  {label}: max |f32 - f64| = {worst:.2e} (input flips allow {:.2e} on average)",
+            flip_sum / got.len() as f64
+        );
+    });
+}
+
+/// A residual case's output: its h (bf16) and its sums of squares per group of rows and token.
+struct ResidualOut {
+    got_h: Vec<bf16>,
+    got_ssq: Vec<f32>,
+    want_h: Vec<bf16>,
+    want_ssq: Vec<f32>,
+    y: Vec<f64>,
+}
+
+/// Every residual case on `auto`, with the reference's h and sums of squares.
+fn each_residual_run(test: &str, mut check: impl FnMut(&GemvCase, &GemvRun, &ResidualOut)) {
+    let sass = load_auto(&device());
+    let residual = |c: &GemvCase| matches!(c.epi, Epi::Residual);
+    each_gemv_run(test, sass.sm_count(), residual, |c, run| {
+        let got = run.on(&sass, c, false);
+        let y = run.reference(c);
+        let (want_h, want_ssq) = residual_reference(&y, &run.h0, c.n, run.m);
+        let split = run.m * c.n;
+        let out = ResidualOut {
+            got_h: bf16s(&got[..split]),
+            got_ssq: got[split..].iter().map(|&b| f32::from_bits(b)).collect(),
+            want_h,
+            want_ssq,
+            y,
+        };
+        check(c, run, &out);
+    });
+}
+
+/// bf16(bf16(y) + h): a one-ulp flip in rounding y, then the sum's own rounding going the other
+/// way: up to an ulp of y plus an ulp of the result.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_residual_h_matches_the_reference() {
+    each_residual_run("gemv-residual-h", |c, run, out| {
+        check_bf16_with(&run.label(c), &out.got_h, &out.want_h, 1, |i| {
+            GEMV_ABS.max(bf16_ulp(out.y[i] as f32) + bf16_ulp(out.want_h[i].to_f32()))
+        });
+    });
+}
+
+/// Rows `g`'s group of [`TILE_ROWS`] (the last one may be short).
+fn group_rows(g: usize, n: usize) -> std::ops::Range<usize> {
+    g * TILE_ROWS..((g + 1) * TILE_ROWS).min(n)
+}
+
+/// The sums of squares are of the h the kernel wrote: exact in float64 from its output, against
+/// the kernel's fp32 sum of 16 squares. (Against the reference's h they may differ by far more:
+/// one h that rounds the other way by an ulp moves its square by 2 |h| ulp, 0.25 at |h| = 4; on
+/// the H200 that failed the old bound of 1e-3 relative + 0.05 with seed 10888643568556379875.)
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_residual_sums_of_squares_are_those_of_the_written_h() {
+    each_residual_run("gemv-residual-ssq", |c, run, out| {
+        let label = run.label(c);
+        for g in 0..residual_groups(c.n) {
+            for t in 0..run.m {
+                let got_s = out.got_ssq[g * MAX_TOKENS + t];
+                let exact: f64 = group_rows(g, c.n)
+                    .map(|r| f64::from(out.got_h[t * c.n + r].to_f32()).powi(2))
+                    .sum();
+                assert!(
+                    (f64::from(got_s) - exact).abs() <= 1e-5 * exact + 1e-6,
+                    "{label}: ssq[{g}][{t}] {got_s} vs {exact} from its own h"
+                );
+            }
+        }
+    });
+}
+
+/// And near the reference's sums (the h test bounds the flips).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_residual_sums_of_squares_match_the_reference() {
+    each_residual_run("gemv-residual-ssq-reference", |c, run, out| {
+        let label = run.label(c);
+        for g in 0..residual_groups(c.n) {
+            for t in 0..run.m {
+                let got_s = out.got_ssq[g * MAX_TOKENS + t];
+                let want_s = out.want_ssq[g * MAX_TOKENS + t];
+                let flips: f32 = rows_flip_bound(
+                    &out.got_h[t * c.n..],
+                    &out.want_h[t * c.n..],
+                    group_rows(g, c.n),
+                );
+                assert!(
+                    (got_s - want_s).abs() <= 1e-3 * want_s.abs() + flips,
+                    "{label}: ssq[{g}][{t}] {got_s} vs reference {want_s} (h flips allow {flips})"
+                );
+            }
+        }
+    });
+}
+
+/// bf16(bf16(silu(bf16(gate))) * bf16(up)): a flip in rounding gate moves the activation by up to
+/// two of its ulps, a flip in up by one, and the product is rounded once more: up to about four
+/// ulps of the result.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_silu_mul_output_matches_the_reference() {
+    let sass = load_auto(&device());
+    let silu_mul = |c: &GemvCase| matches!(c.epi, Epi::SiluMul);
+    each_gemv_run("gemv-silu-mul", sass.sm_count(), silu_mul, |c, run| {
+        check_bf16(
+            &run.label(c),
+            &bf16s(&run.on(&sass, c, false)),
+            &silu_mul_reference(&run.reference(c), c.n / 2, run.m),
+            4,
+            GEMV_ABS,
+        );
+    });
+}
+
+/// Token j's result alone equals its result in the batch (residual output: h rows only).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_token_alone_equals_batched() {
+    let sass = load_auto(&device());
+    each_gemv_run(
+        "gemv-alone",
+        sass.sm_count(),
+        |_| true,
+        |c, run| {
+            if run.m == 1 {
+                return;
+            }
+            let (m, j) = (run.m, run.m - 1);
+            let got = run.on(&sass, c, false);
+            let alone = run_gemv(
+                &sass,
+                c,
+                1,
+                &run.w,
+                &run.x[j * c.k..],
+                &run.nw,
+                &run.h0[j * c.n..],
+                false,
+            );
+            let width = match c.epi {
+                Epi::SiluMul => c.n / 2,
+                _ => c.n,
+            };
+            assert_eq!(
+                &alone[..width],
+                &got[j * width..(j + 1) * width],
+                "{} m={m}: token {j} alone differs from batched",
+                c.name
+            );
+        },
+    );
 }
 
 struct AttnDevice {
@@ -779,11 +1061,11 @@ impl AttnInputs {
             ld_bt,
             ids,
             slots: (0..m as i32).rev().collect(),
-            kc: rand_bf16(rng, blocks * block_elems, 1.0),
-            vc: rand_bf16(rng, blocks * block_elems, 1.0),
-            qkv: rand_bf16(rng, m * (q_heads + 2 * kv_heads) * hd, 2.0),
-            q_norm: rand_bf16(rng, hd, 1.2),
-            k_norm: rand_bf16(rng, hd, 1.2),
+            kc: random_bf16(rng, blocks * block_elems, 1.0),
+            vc: random_bf16(rng, blocks * block_elems, 1.0),
+            qkv: random_bf16(rng, m * (q_heads + 2 * kv_heads) * hd, 2.0),
+            q_norm: random_bf16(rng, hd, 1.2),
+            k_norm: random_bf16(rng, hd, 1.2),
             cos_sin: cos_sin_cache(max_pos, hd, 1e6),
             max_pos,
             pos,
@@ -804,8 +1086,8 @@ impl AttnInputs {
     }
 
     /// Device buffers for rows `rows` (a subset, in that order).
-    fn upload(&self, kr: &LoadedKernels, rows: &[usize]) -> AttnDevice {
-        let s = kr.stream();
+    fn upload(&self, kernels: &LoadedKernels, rows: &[usize]) -> AttnDevice {
+        let s = kernels.stream();
         let w = (self.q_heads + 2 * self.kv_heads) * self.hd;
         let m = rows.len();
         let qkv: Vec<bf16> = rows
@@ -835,7 +1117,7 @@ impl AttnInputs {
 
     fn launch(
         &self,
-        kr: &LoadedKernels,
+        kernels: &LoadedKernels,
         d: &mut AttnDevice,
         grid: usize,
         pipelined: bool,
@@ -843,23 +1125,23 @@ impl AttnInputs {
         overlap_previous: bool,
     ) {
         attention_decode(
-            kr,
+            kernels,
             AttnDecode {
-                qkv: dev(kr, &d.qkv),
+                qkv: dev(kernels, &d.qkv),
                 ld_qkv: (self.q_heads + 2 * self.kv_heads) * self.hd,
-                q_norm: dev(kr, &d.q_norm),
-                k_norm: dev(kr, &d.k_norm),
+                q_norm: dev(kernels, &d.q_norm),
+                k_norm: dev(kernels, &d.k_norm),
                 eps: 1e-6,
                 weight_offset: 0.0,
-                cos_sin: dev(kr, &d.cos_sin),
+                cos_sin: dev(kernels, &d.cos_sin),
                 max_pos: self.max_pos,
-                k_cache: dev_mut(kr, &mut d.kc),
-                v_cache: dev_mut(kr, &mut d.vc),
-                block_table: dev(kr, &d.table),
+                k_cache: dev_mut(kernels, &mut d.kc),
+                v_cache: dev_mut(kernels, &mut d.vc),
+                block_table: dev(kernels, &d.table),
                 ld_bt: self.ld_bt,
-                slot_of_row: dev(kr, &d.slots),
-                positions: dev(kr, &d.pos),
-                out: dev_mut(kr, &mut d.out),
+                slot_of_row: dev(kernels, &d.slots),
+                positions: dev(kernels, &d.pos),
+                out: dev_mut(kernels, &mut d.out),
                 m: d.m,
                 q_heads: self.q_heads,
                 kv_heads: self.kv_heads,
@@ -870,9 +1152,9 @@ impl AttnInputs {
                 overlap_previous,
             },
             &mut AttnScratch {
-                ws_ml: dev_mut(kr, &mut d.ws_ml),
-                ws_o: dev_mut(kr, &mut d.ws_o),
-                counters: dev_mut(kr, &mut d.counters),
+                ws_ml: dev_mut(kernels, &mut d.ws_ml),
+                ws_o: dev_mut(kernels, &mut d.ws_o),
+                counters: dev_mut(kernels, &mut d.counters),
             },
         )
         .unwrap();
@@ -881,28 +1163,28 @@ impl AttnInputs {
     /// Runs rows `rows` once, through the pipelined entry or not; returns (out, k cache, v cache).
     fn run(
         &self,
-        kr: &LoadedKernels,
+        kernels: &LoadedKernels,
         rows: &[usize],
         grid: usize,
         pipelined: bool,
     ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
-        self.run_with(kr, rows, grid, pipelined, false)
+        self.run_with(kernels, rows, grid, pipelined, false)
     }
 
     /// [`Self::run`], the splits merged in clusters or not.
     fn run_with(
         &self,
-        kr: &LoadedKernels,
+        kernels: &LoadedKernels,
         rows: &[usize],
         grid: usize,
         pipelined: bool,
         cluster: bool,
     ) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
-        let s = kr.stream();
-        let mut d = self.upload(kr, rows);
+        let s = kernels.stream();
+        let mut d = self.upload(kernels, rows);
         // Programmatic where the image allows it, the cache read before the wait, as the engine
         // launches it (after a copy here, so nothing overlaps).
-        self.launch(kr, &mut d, grid, pipelined, cluster, true);
+        self.launch(kernels, &mut d, grid, pipelined, cluster, true);
         assert!(
             s.clone_dtoh(&d.counters).unwrap().iter().all(|&c| c == 0),
             "merge counters left non-zero"
@@ -921,15 +1203,9 @@ impl AttnInputs {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
-    let mut rng = seed("attention");
-    let d = device();
-    let sass = kernels(&d, Policy::Auto);
-    let ptx = kernels(&d, Policy::PtxOnly);
-    let mut clusters_checked = 0;
-    for (q_heads, kv_heads, hd, ctxs) in [
+/// The attention cases: (q heads, KV heads, head dimension, the context of each row).
+fn attention_cases() -> Vec<(usize, usize, usize, Vec<usize>)> {
+    vec![
         (
             32usize,
             8usize,
@@ -951,44 +1227,85 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
         (4, 2, 256, vec![300, 64]),
         (8, 2, 256, vec![400]),
         (3, 1, 256, vec![390, 2]),
-    ] {
+    ]
+}
+
+/// One attention case's inputs, with the splits its longest row takes.
+struct AttnCase {
+    inp: AttnInputs,
+    ctxs: Vec<usize>,
+    grid: usize,
+    /// Every row, in order.
+    all: Vec<usize>,
+}
+
+impl AttnCase {
+    fn name(&self) -> String {
+        let i = &self.inp;
+        format!("{}/{}x{}", i.q_heads, i.kv_heads, i.hd)
+    }
+
+    /// Every row, pipelined, on `kernels`: (out, k cache, v cache).
+    fn run_all(&self, kernels: &LoadedKernels) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+        self.inp.run(kernels, &self.all, self.grid, true)
+    }
+
+    /// The rows whose splits fit a cluster.
+    fn cluster_rows(&self) -> Vec<usize> {
+        (0..self.all.len())
+            .filter(|&r| attn_splits(self.ctxs[r]).0 <= CLUSTER_SPLITS)
+            .collect()
+    }
+
+    /// Whether the cluster merge runs here for this case's rows: sm_90+ code, a 9.0+ GPU, and
+    /// the driver places such a cluster (`cluster_fits`), and some row fits one.
+    fn clusters(&self, sass: &LoadedKernels) -> bool {
+        let i = &self.inp;
+        cluster_fits(sass, i.hd, i.q_heads / i.kv_heads, true) && !self.cluster_rows().is_empty()
+    }
+}
+
+/// Every attention case on fresh inputs (the seed printed under `test`).
+fn each_attention_case(test: &str, mut check: impl FnMut(&AttnCase)) {
+    let mut rng = seed(test);
+    for (q_heads, kv_heads, hd, ctxs) in attention_cases() {
         let pos: Vec<usize> = ctxs.iter().map(|c| c - 1).collect();
-        let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, pos.clone());
-        let m = pos.len();
+        let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, pos);
         let grid = ctxs.iter().map(|&c| attn_splits(c).0).max().unwrap();
-        let all: Vec<usize> = (0..m).collect();
-        let (out, kc, vc) = inp.run(&sass, &all, grid, true);
-        let (out_ptx, kc_ptx, vc_ptx) = inp.run(&ptx, &all, grid, true);
-        assert_eq!(
-            (&out, &kc, &vc),
-            (&out_ptx, &kc_ptx, &vc_ptx),
-            "SASS and PTX differ"
-        );
-        // The rows whose splits fit a cluster, merged in clusters (sm_90+ code: the SASS path on
-        // this GPU): the same bits as the workspace merge, pipelined (and at 256 its one kind).
-        let fit: Vec<usize> = (0..m)
-            .filter(|&r| attn_splits(ctxs[r]).0 <= CLUSTER_SPLITS)
-            .collect();
-        // (`cluster_fits`: sm_90+ code, a 9.0+ GPU, and the driver places such a cluster.)
-        let fits = aot_kernels::ops::attention::cluster_fits(&sass, hd, q_heads / kv_heads, true);
-        if fits && !fit.is_empty() {
-            let plain = inp.run(&sass, &fit, grid.min(CLUSTER_SPLITS), true);
-            let clustered = inp.run_with(&sass, &fit, CLUSTER_SPLITS, true, true);
-            assert_eq!(
-                clustered, plain,
-                "{q_heads}/{kv_heads}x{hd} rows {fit:?}: the cluster merge differs"
-            );
-            clusters_checked += fit.len();
-        }
-        // The entries without the pipeline (head dimensions 64 and 128; 256 has one kind) must
-        // give the same bits: the same sums in the same order, only the loads move.
-        for (kr, path) in [(&sass, "SASS"), (&ptx, "PTX")] {
-            assert_eq!(
-                inp.run(kr, &all, grid, false),
-                (out.clone(), kc.clone(), vc.clone()),
-                "{q_heads}/{kv_heads}x{hd} {path}: pipelined and not differ"
-            );
-        }
+        let all = (0..ctxs.len()).collect();
+        check(&AttnCase {
+            inp,
+            ctxs,
+            grid,
+            all,
+        });
+    }
+}
+
+/// What the reference makes of one row: the new key and value of each KV head, and the output
+/// over the whole context (the cache's earlier positions and the new key and value).
+struct RowReference {
+    label: String,
+    new_keys: Vec<Vec<bf16>>,
+    new_values: Vec<Vec<bf16>>,
+    out: Vec<bf16>,
+    /// The largest |v| of each KV head over the context.
+    v_max: Vec<f32>,
+}
+
+impl AttnInputs {
+    /// Row `r` in a failure message: its case, its position and its splits.
+    fn row_label(&self, r: usize) -> String {
+        let (q_heads, kv_heads, hd, p) = (self.q_heads, self.kv_heads, self.hd, self.pos[r]);
+        format!(
+            "{q_heads}/{kv_heads}x{hd} pos {p} ({} splits)",
+            attn_splits(p + 1).0
+        )
+    }
+
+    fn reference(&self, r: usize) -> RowReference {
+        let (q_heads, kv_heads, hd) = (self.q_heads, self.kv_heads, self.hd);
+        let p = self.pos[r];
         let shape = QkvShape {
             q_heads,
             kv_heads,
@@ -997,102 +1314,255 @@ fn gpu_decode_attention_with_qk_norm_rope_and_cache_write_matches_reference() {
             weight_offset: 0.0,
         };
         let w = (q_heads + 2 * kv_heads) * hd;
-        for (r, &p) in pos.iter().enumerate() {
-            let raw = |head: usize| -> Vec<f64> {
-                inp.qkv[r * w + head * hd..r * w + (head + 1) * hd]
-                    .iter()
-                    .map(|v| f64::from(v.to_f32()))
-                    .collect()
-            };
-            let cs = &inp.cos_sin[p * hd..(p + 1) * hd];
-            let label = format!(
-                "{q_heads}/{kv_heads}x{hd} pos {p} ({} splits)",
-                attn_splits(p + 1).0
-            );
-            // The new key and value in the cache; everything else in the cache untouched.
-            let (mut keys, mut values) = (Vec::new(), Vec::new());
-            for t in 0..=p {
-                for kv in 0..kv_heads {
-                    let at = inp.at(r, t, kv);
-                    if t == p {
-                        let want_k =
-                            qkv_head_reference(&raw(q_heads + kv), Some(&inp.k_norm), cs, &shape);
-                        let want_v =
-                            qkv_head_reference(&raw(q_heads + kv_heads + kv), None, cs, &shape);
-                        check_bf16(
-                            &format!("{label} new key"),
-                            &kc[at..at + hd],
-                            &want_k,
-                            2,
-                            2e-2,
-                        );
-                        assert_eq!(&vc[at..at + hd], &want_v[..], "{label}: new value");
-                        keys.extend(want_k);
-                        values.extend(want_v);
-                    } else {
-                        assert_eq!(
-                            &kc[at..at + hd],
-                            &inp.kc[at..at + hd],
-                            "{label}: key {t} changed"
-                        );
-                        keys.extend_from_slice(&inp.kc[at..at + hd]);
-                        values.extend_from_slice(&inp.vc[at..at + hd]);
-                    }
+        let raw = |head: usize| -> Vec<f64> {
+            self.qkv[r * w + head * hd..r * w + (head + 1) * hd]
+                .iter()
+                .map(|v| f64::from(v.to_f32()))
+                .collect()
+        };
+        let cs = &self.cos_sin[p * hd..(p + 1) * hd];
+        let new_keys: Vec<Vec<bf16>> = (0..kv_heads)
+            .map(|kv| qkv_head_reference(&raw(q_heads + kv), Some(&self.k_norm), cs, &shape))
+            .collect();
+        let new_values: Vec<Vec<bf16>> = (0..kv_heads)
+            .map(|kv| qkv_head_reference(&raw(q_heads + kv_heads + kv), None, cs, &shape))
+            .collect();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for t in 0..=p {
+            for kv in 0..kv_heads {
+                if t == p {
+                    keys.extend_from_slice(&new_keys[kv]);
+                    values.extend_from_slice(&new_values[kv]);
+                } else {
+                    let at = self.at(r, t, kv);
+                    keys.extend_from_slice(&self.kc[at..at + hd]);
+                    values.extend_from_slice(&self.vc[at..at + hd]);
                 }
             }
-            let q: Vec<bf16> = (0..q_heads)
-                .flat_map(|h| qkv_head_reference(&raw(h), Some(&inp.q_norm), cs, &shape))
-                .collect();
-            let want = attention_decode_reference(&q, &keys, &values, p + 1, q_heads, kv_heads, hd);
-            // The kernel multiplies V by the probabilities rounded to bf16 (round to nearest with an
-            // 8-bit significand: relative error at most 2^-8 each) and divides by the sum of the
-            // unrounded ones, so an output may move by up to 2^-8 x the largest |v| of its KV head
-            // beyond the fp32-vs-float64 slack.
-            let v_max: Vec<f32> = (0..kv_heads)
-                .map(|kv| {
-                    (0..=p)
-                        .flat_map(|t| &values[(t * kv_heads + kv) * hd..][..hd])
-                        .map(|v| v.to_f32().abs())
-                        .fold(0.0f32, f32::max)
-                })
-                .collect();
-            let group = q_heads / kv_heads;
-            check_bf16_with(
-                &label,
-                &out[r * q_heads * hd..(r + 1) * q_heads * hd],
-                &want,
-                2,
-                |i| 2e-3 + v_max[i / hd / group] * 2f32.powi(-8),
-            );
-            if m > 1 {
-                let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0, true);
-                assert_eq!(
-                    alone,
-                    out[r * q_heads * hd..(r + 1) * q_heads * hd],
-                    "{label}: alone differs from batched"
-                );
-            }
+        }
+        let q: Vec<bf16> = (0..q_heads)
+            .flat_map(|h| qkv_head_reference(&raw(h), Some(&self.q_norm), cs, &shape))
+            .collect();
+        let out = attention_decode_reference(&q, &keys, &values, p + 1, q_heads, kv_heads, hd);
+        let v_max: Vec<f32> = (0..kv_heads)
+            .map(|kv| {
+                (0..=p)
+                    .flat_map(|t| &values[(t * kv_heads + kv) * hd..][..hd])
+                    .map(|v| v.to_f32().abs())
+                    .fold(0.0f32, f32::max)
+            })
+            .collect();
+        RowReference {
+            label: self.row_label(r),
+            new_keys,
+            new_values,
+            out,
+            v_max,
         }
     }
-    // The compute_80 PTX has no cluster code: ptx-only never takes the cluster entries.
-    assert!(!ptx.cluster_launch(aot_kernels::ops::attention::MODULE));
-    // A GPU of 64 SMs or more with clusters (the H200: GPCs of 16 or more SMs) places clusters of
-    // 8: there the merge must have been checked.
-    if sass.cluster_launch(aot_kernels::ops::attention::MODULE) && sass.sm_count() >= 64 {
-        assert!(clusters_checked > 0, "no row took the cluster merge");
-    }
-    eprintln!("cluster merge equal to the workspace merge on {clusters_checked} rows");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_embedding_gathers_rows_and_sums_squares() {
-    let mut rng = seed("embedding");
+fn gpu_attention_decode_sass_equals_ptx() {
     let d = device();
-    let kr = kernels(&d, Policy::Auto);
-    let s = kr.stream();
+    let sass = load(&d, Policy::Auto);
+    let ptx = load(&d, Policy::PtxOnly);
+    each_attention_case("attention-sass-ptx", |case| {
+        assert_eq!(
+            case.run_all(&sass),
+            case.run_all(&ptx),
+            "{}: SASS and PTX differ",
+            case.name()
+        );
+    });
+}
+
+/// The rows whose splits fit a cluster, merged in clusters (sm_90+ code: the SASS path on this
+/// GPU): the same bits as the workspace merge, pipelined (and at 256 its one kind).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_cluster_merge_equals_the_workspace_merge() {
+    let sass = load_auto(&device());
+    let mut clusters_checked = 0;
+    each_attention_case("attention-cluster", |case| {
+        if !case.clusters(&sass) {
+            return;
+        }
+        let fit = case.cluster_rows();
+        let plain = case
+            .inp
+            .run(&sass, &fit, case.grid.min(CLUSTER_SPLITS), true);
+        let clustered = case.inp.run_with(&sass, &fit, CLUSTER_SPLITS, true, true);
+        assert_eq!(
+            clustered,
+            plain,
+            "{} rows {fit:?}: the cluster merge differs",
+            case.name()
+        );
+        clusters_checked += fit.len();
+    });
+    eprintln!("cluster merge equal to the workspace merge on {clusters_checked} rows");
+}
+
+/// A GPU of 64 SMs or more with clusters (the H200: GPCs of 16 or more SMs) places clusters of 8:
+/// there the cluster merge test above must check some rows.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_cluster_merge_runs_on_a_gpu_of_64_sms() {
+    let sass = load_auto(&device());
+    let mut cluster_rows = 0;
+    each_attention_case("attention-cluster-rows", |case| {
+        if case.clusters(&sass) {
+            cluster_rows += case.cluster_rows().len();
+        }
+    });
+    if sass.cluster_launch(aot_kernels::ops::attention::MODULE) && sass.sm_count() >= 64 {
+        assert!(cluster_rows > 0, "no row took the cluster merge");
+    }
+}
+
+/// The compute_80 PTX has no cluster code: ptx-only never takes the cluster entries.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_ptx_only_never_takes_the_cluster_entries() {
+    let ptx = load(&device(), Policy::PtxOnly);
+    assert!(!ptx.cluster_launch(aot_kernels::ops::attention::MODULE));
+}
+
+/// The entries without the pipeline (head dimensions 64 and 128; 256 has one kind) must give the
+/// same bits: the same sums in the same order, only the loads move.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_pipelined_equals_not_pipelined() {
+    let d = device();
+    let sass = load(&d, Policy::Auto);
+    let ptx = load(&d, Policy::PtxOnly);
+    each_attention_case("attention-pipelined", |case| {
+        let pipelined = case.run_all(&sass);
+        for (kernels, path) in [(&sass, "SASS"), (&ptx, "PTX")] {
+            assert_eq!(
+                case.inp.run(kernels, &case.all, case.grid, false),
+                pipelined,
+                "{} {path}: pipelined and not differ",
+                case.name()
+            );
+        }
+    });
+}
+
+/// The new key (normed and rotated) and value of each row in the cache, as the reference makes
+/// them.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_writes_the_new_key_and_value() {
+    let sass = load_auto(&device());
+    each_attention_case("attention-cache-write", |case| {
+        let (_, kc, vc) = case.run_all(&sass);
+        let inp = &case.inp;
+        for (r, &p) in inp.pos.iter().enumerate() {
+            let want = inp.reference(r);
+            for kv in 0..inp.kv_heads {
+                let at = inp.at(r, p, kv);
+                check_bf16(
+                    &format!("{} new key", want.label),
+                    &kc[at..at + inp.hd],
+                    &want.new_keys[kv],
+                    2,
+                    2e-2,
+                );
+                assert_eq!(
+                    &vc[at..at + inp.hd],
+                    &want.new_values[kv][..],
+                    "{}: new value",
+                    want.label
+                );
+            }
+        }
+    });
+}
+
+/// Everything in the cache before a row's new position stays as it was.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_leaves_the_earlier_keys_untouched() {
+    let sass = load_auto(&device());
+    each_attention_case("attention-cache-kept", |case| {
+        let (_, kc, _) = case.run_all(&sass);
+        let inp = &case.inp;
+        for (r, &p) in inp.pos.iter().enumerate() {
+            for t in 0..p {
+                for kv in 0..inp.kv_heads {
+                    let at = inp.at(r, t, kv);
+                    assert_eq!(
+                        &kc[at..at + inp.hd],
+                        &inp.kc[at..at + inp.hd],
+                        "{}: key {t} changed",
+                        inp.row_label(r)
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// The kernel multiplies V by the probabilities rounded to bf16 (round to nearest with an 8-bit
+/// significand: relative error at most 2^-8 each) and divides by the sum of the unrounded ones,
+/// so an output may move by up to 2^-8 x the largest |v| of its KV head beyond the
+/// fp32-vs-float64 slack.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_matches_the_reference() {
+    let sass = load_auto(&device());
+    each_attention_case("attention", |case| {
+        let (out, _, _) = case.run_all(&sass);
+        let inp = &case.inp;
+        let (width, group) = (inp.q_heads * inp.hd, inp.q_heads / inp.kv_heads);
+        for r in 0..inp.pos.len() {
+            let want = inp.reference(r);
+            check_bf16_with(
+                &want.label,
+                &out[r * width..(r + 1) * width],
+                &want.out,
+                2,
+                |i| 2e-3 + want.v_max[i / inp.hd / group] * 2f32.powi(-8),
+            );
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_decode_row_alone_equals_batched() {
+    let sass = load_auto(&device());
+    each_attention_case("attention-alone", |case| {
+        let inp = &case.inp;
+        let m = inp.pos.len();
+        if m == 1 {
+            return;
+        }
+        let (out, _, _) = case.run_all(&sass);
+        let width = inp.q_heads * inp.hd;
+        for (r, &p) in inp.pos.iter().enumerate() {
+            let (alone, _, _) = inp.run(&sass, &[r], attn_splits(p + 1).0, true);
+            assert_eq!(
+                alone,
+                out[r * width..(r + 1) * width],
+                "{}: alone differs from batched",
+                inp.row_label(r)
+            );
+        }
+    });
+}
+
+/// Five random rows of a 1000 x 2560 table gathered on `auto`: (rows, sums of squares) as the
+/// kernel and as the reference give them.
+fn run_embedding(test: &str) -> ((Vec<bf16>, Vec<f32>), (Vec<bf16>, Vec<f32>)) {
+    let mut rng = seed(test);
+    let kernels = load_auto(&device());
+    let s = kernels.stream();
     let (vocab, hidden) = (1000, 2560);
-    let table = rand_bf16(&mut rng, vocab * hidden, 1.0);
+    let table = random_bf16(&mut rng, vocab * hidden, 1.0);
     let tokens: Vec<u32> = (0..5).map(|_| rng.gen_range(0..vocab as u32)).collect();
     let (dt, dtok) = (
         upload(s, &table),
@@ -1101,49 +1571,63 @@ fn gpu_embedding_gathers_rows_and_sums_squares() {
     let mut out = s.alloc_zeros::<bf16>(5 * hidden).unwrap();
     let mut ssq = s.alloc_zeros::<f32>(5).unwrap();
     embedding(
-        &kr,
-        dev_mut(&kr, &mut out),
+        &kernels,
+        dev_mut(&kernels, &mut out),
         hidden,
-        Some(dev_mut(&kr, &mut ssq)),
-        dev(&kr, &dt),
+        Some(dev_mut(&kernels, &mut ssq)),
+        dev(&kernels, &dt),
         vocab,
         hidden,
-        dev(&kr, &dtok),
+        dev(&kernels, &dtok),
         5,
     )
     .unwrap();
-    let (want, want_ssq) = embedding_reference(&table, hidden, &tokens);
-    assert_eq!(s.clone_dtoh(&out).unwrap(), want, "rows are copied exactly");
-    for (g, w) in s.clone_dtoh(&ssq).unwrap().iter().zip(&want_ssq) {
+    (
+        (s.clone_dtoh(&out).unwrap(), s.clone_dtoh(&ssq).unwrap()),
+        embedding_reference(&table, hidden, &tokens),
+    )
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_embedding_copies_rows_exactly() {
+    let ((rows, _), (want, _)) = run_embedding("embedding-rows");
+    assert_eq!(rows, want, "rows are copied exactly");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_embedding_sums_the_squares_of_each_row() {
+    let ((_, ssq), (_, want_ssq)) = run_embedding("embedding-ssq");
+    for (g, w) in ssq.iter().zip(&want_ssq) {
         assert!((g - w).abs() <= 1e-4 * w, "{g} vs {w}");
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
+fn gpu_gemv_graph_replay_equals_eager() {
     let mut rng = seed("gemv_graph");
-    let d = device();
-    let kr = kernels(&d, Policy::Auto);
-    let s = kr.stream();
+    let kernels = load_auto(&device());
+    let s = kernels.stream();
     // down_proj shape (narrow: the warps of a block split K).
     let (n, k, m) = (2560usize, 9728usize, 4usize);
-    let w = upload(s, &rand_bf16(&mut rng, n * k, 0.02));
-    let x = upload(s, &rand_bf16(&mut rng, m * k, 1.0));
+    let w = upload(s, &random_bf16(&mut rng, n * k, 0.02));
+    let x = upload(s, &random_bf16(&mut rng, m * k, 1.0));
     let mut out = s.alloc_zeros::<bf16>(m * n).unwrap();
     let launch = |out: &mut CudaSlice<bf16>| {
         gemv(
-            &kr,
-            dev(&kr, &w),
+            &kernels,
+            dev(&kernels, &w),
             n,
             k,
             m,
             &GemvInput::Plain {
-                x: dev(&kr, &x),
+                x: dev(&kernels, &x),
                 ld_x: k,
             },
             GemvOutput::Bf16 {
-                out: dev_mut(&kr, out),
+                out: dev_mut(&kernels, out),
                 ld_out: n,
             },
         )
@@ -1167,8 +1651,15 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
             "graph replay differs from the eager launch"
         );
     }
+}
 
-    // Bandwidth of the Qwen3-4B decode projections (printed only).
+/// Bandwidth of the Qwen3-4B decode projections (printed only).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_bandwidth() {
+    let mut rng = seed("gemv_bandwidth");
+    let kernels = load_auto(&device());
+    let s = kernels.stream();
     for (name, n, k, norm) in [
         ("qkv 6144x2560", 6144usize, 2560usize, true),
         ("o_proj 2560x4096", 2560, 4096, false),
@@ -1176,44 +1667,44 @@ fn gpu_gemv_graph_replay_equals_eager_and_bandwidth() {
         ("down 2560x9728", 2560, 9728, false),
         ("lm_head 151936x2560", 151_936, 2560, true),
     ] {
-        let w = upload(s, &rand_bf16(&mut rng, n * k, 0.02));
-        let x = upload(s, &rand_bf16(&mut rng, 8 * k, 1.0));
+        let w = upload(s, &random_bf16(&mut rng, n * k, 0.02));
+        let x = upload(s, &random_bf16(&mut rng, 8 * k, 1.0));
         let ssq = upload(s, &[k as f32; 8]);
         let nw = upload(s, &vec![bf16::ONE; k]);
         let mut out = s.alloc_zeros::<bf16>(8 * n).unwrap();
         for m in [1usize, 8] {
             let input = if norm {
                 GemvInput::Norm {
-                    h: dev(&kr, &x),
+                    h: dev(&kernels, &x),
                     ld_h: k,
-                    ssq: dev(&kr, &ssq),
+                    ssq: dev(&kernels, &ssq),
                     ssq_groups: 1,
-                    weight: dev(&kr, &nw),
+                    weight: dev(&kernels, &nw),
                     eps: 1e-6,
                     weight_offset: 0.0,
                 }
             } else {
                 GemvInput::Plain {
-                    x: dev(&kr, &x),
+                    x: dev(&kernels, &x),
                     ld_x: k,
                 }
             };
             let iters = 50;
-            let start = aot_kernels::device::timing_event(kr.context()).unwrap();
-            let stop = aot_kernels::device::timing_event(kr.context()).unwrap();
+            let start = aot_kernels::device::timing_event(kernels.context()).unwrap();
+            let stop = aot_kernels::device::timing_event(kernels.context()).unwrap();
             for i in 0..iters + 5 {
                 if i == 5 {
                     start.record(s).unwrap();
                 }
                 gemv(
-                    &kr,
-                    dev(&kr, &w),
+                    &kernels,
+                    dev(&kernels, &w),
                     n,
                     k,
                     m,
                     &input,
                     GemvOutput::Bf16 {
-                        out: dev_mut(&kr, &mut out),
+                        out: dev_mut(&kernels, &mut out),
                         ld_out: n,
                     },
                 )
@@ -1243,11 +1734,11 @@ fn gpu_stream_read_reads_every_word() {
     let mut rng = seed("stream_read");
     let d = device();
     for policy in [Policy::Auto, Policy::PtxOnly] {
-        let kr = kernels(&d, policy);
-        let s = kr.stream();
+        let kernels = load(&d, policy);
+        let s = kernels.stream();
         for reader in Reader::ALL {
-            let blocks = reader.blocks(kr.sm_count());
-            let ring_reuse = 4096 * Reader::Bulk.blocks(kr.sm_count()) * 9 + 12;
+            let blocks = reader.blocks(kernels.sm_count());
+            let ring_reuse = 4096 * Reader::Bulk.blocks(kernels.sm_count()) * 9 + 12;
             for words in [
                 4usize,
                 4 * 1001,
@@ -1259,7 +1750,13 @@ fn gpu_stream_read_reads_every_word() {
                 let data: Vec<u32> = (0..words).map(|_| rng.gen()).collect();
                 let dd = upload(s, &data);
                 let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
-                stream_read(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out)).unwrap();
+                stream_read(
+                    &kernels,
+                    reader,
+                    dev(&kernels, &dd),
+                    dev_mut(&kernels, &mut out),
+                )
+                .unwrap();
                 let got = s.clone_dtoh(&out).unwrap().iter().fold(0, |a, &b| a ^ b);
                 assert_eq!(
                     got,
@@ -1267,12 +1764,32 @@ fn gpu_stream_read_reads_every_word() {
                     "{policy} {reader:?}: {words} words"
                 );
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_stream_read_refuses_a_length_not_a_multiple_of_4_words() {
+    use aot_kernels::ops::bench::{stream_read, Reader};
+    let d = device();
+    for policy in [Policy::Auto, Policy::PtxOnly] {
+        let kernels = load(&d, policy);
+        let s = kernels.stream();
+        for reader in Reader::ALL {
             let dd = upload(s, &[1u32, 2, 3]);
-            let mut out = s.alloc_zeros::<u32>(blocks).unwrap();
-            let err = stream_read(&kr, reader, dev(&kr, &dd), dev_mut(&kr, &mut out))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("multiple of 4"), "{err}");
+            let mut out = s
+                .alloc_zeros::<u32>(reader.blocks(kernels.sm_count()))
+                .unwrap();
+            let err = stream_read(
+                &kernels,
+                reader,
+                dev(&kernels, &dd),
+                dev_mut(&kernels, &mut out),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("multiple of 4"), "{policy} {reader:?}: {err}");
         }
     }
 }
@@ -1284,8 +1801,8 @@ fn gpu_attention_decode_timings() {
     // printed only (microseconds per launch, and the KV bytes read over that time).
     let mut rng = seed("attention_timings");
     let d = device();
-    let kr = kernels(&d, Policy::Auto);
-    let s = kr.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let (q_heads, kv_heads, hd) = (32usize, 8usize, 128usize);
     for (m, ctx, pipelined) in [1usize, 8]
         .into_iter()
@@ -1295,18 +1812,18 @@ fn gpu_attention_decode_timings() {
         let inp = AttnInputs::new(&mut rng, q_heads, kv_heads, hd, vec![ctx - 1; m]);
         let grid = attn_splits(ctx).0;
         let rows: Vec<usize> = (0..m).collect();
-        let mut dv = inp.upload(&kr, &rows);
+        let mut dv = inp.upload(&kernels, &rows);
         // Not overlapped: back to back, each launch would overlap the one before it and the
         // figures would not be one launch's.
-        let mut launch = |_: &mut ()| inp.launch(&kr, &mut dv, grid, pipelined, false, false);
+        let mut launch = |_: &mut ()| inp.launch(&kernels, &mut dv, grid, pipelined, false, false);
         let mut out = ();
         for _ in 0..5 {
             launch(&mut out);
         }
         let iters = 50;
         let (start, stop) = (
-            aot_kernels::device::timing_event(kr.context()).unwrap(),
-            aot_kernels::device::timing_event(kr.context()).unwrap(),
+            aot_kernels::device::timing_event(kernels.context()).unwrap(),
+            aot_kernels::device::timing_event(kernels.context()).unwrap(),
         );
         start.record(s).unwrap();
         for _ in 0..iters {

@@ -9,8 +9,10 @@
 //! paths and, in bf16 ulps, with the CPU reference. The same for the CUDA 12 images (forced, as
 //! a 12.x driver would get them): SASS and PTX JIT, bitwise equal to the CUDA 13 images' outputs.
 
+mod gpu_common;
+
 use aot_kernels::dispatch::{
-    load_available, open_device, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
+    load_available, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
 };
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
@@ -19,6 +21,7 @@ use aot_kernels::ops::rmsnorm::{
 };
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, rotary_neox_reference, RotaryParams};
 use aot_kernels::registry::ModuleKind;
+use gpu_common::{device, load, load_both_paths, random_bf16, test_seed};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
@@ -27,17 +30,6 @@ use rand::{Rng, SeedableRng};
 /// in an intermediate (the normalised value, the activation) moves the final product by up to two ulps.
 const MAX_ULPS_VS_REFERENCE: u32 = 2;
 
-fn device() -> OpenDevice {
-    open_device(0)
-        .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
-}
-
-fn random_bf16(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<bf16> {
-    (0..n)
-        .map(|_| bf16::from_f32(rng.gen_range(-scale..scale)))
-        .collect()
-}
-
 /// One op's output under one loaded kernel set.
 type Outputs = Vec<(String, Vec<bf16>)>;
 
@@ -45,8 +37,8 @@ struct Inputs {
     seed: u64,
 }
 
-fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
-    let stream = k.stream();
+fn run_ops(kernels: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
+    let stream = kernels.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(inputs.seed);
     let mut gpu: Outputs = Vec::new();
     let mut cpu: Outputs = Vec::new();
@@ -70,7 +62,7 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
             stream.clone_htod(&w).unwrap(),
         );
         let mut dout = stream.alloc_zeros::<bf16>(rows * hidden).unwrap();
-        rmsnorm(k, &mut dout, &dx, &dw, &p).unwrap();
+        rmsnorm(kernels, &mut dout, &dx, &dw, &p).unwrap();
         gpu.push((name.into(), stream.clone_dtoh(&dout).unwrap()));
         cpu.push((name.into(), rmsnorm_reference(&x, &w, &p)));
     }
@@ -92,7 +84,7 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
             stream.clone_htod(&r).unwrap(),
             stream.clone_htod(&w).unwrap(),
         );
-        fused_add_rmsnorm(k, &mut dx, &mut dr, &dw, &p).unwrap();
+        fused_add_rmsnorm(kernels, &mut dx, &mut dr, &dw, &p).unwrap();
         let (want_x, want_r) = fused_add_rmsnorm_reference(&x, &r, &w, &p);
         gpu.push((format!("{name} out"), stream.clone_dtoh(&dx).unwrap()));
         gpu.push((format!("{name} residual"), stream.clone_dtoh(&dr).unwrap()));
@@ -140,7 +132,7 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
             stream.clone_htod(&positions).unwrap(),
             stream.clone_htod(&cache).unwrap(),
         );
-        rotary_neox(k, &mut dq, &mut dk, &dpos, &dcache, max_position, &p).unwrap();
+        rotary_neox(kernels, &mut dq, &mut dk, &dpos, &dcache, max_position, &p).unwrap();
         let (mut wq, mut wk) = (q.clone(), kk.clone());
         rotary_neox_reference(&mut wq, &mut wk, &positions, &cache, &p);
         gpu.push((format!("{name} q"), stream.clone_dtoh(&dq).unwrap()));
@@ -157,7 +149,7 @@ fn run_ops(k: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
         let input = random_bf16(&mut rng, rows * 2 * d, 6.0);
         let dinput = stream.clone_htod(&input).unwrap();
         let mut dout = stream.alloc_zeros::<bf16>(rows * d).unwrap();
-        silu_and_mul(k, &mut dout, &dinput, rows, d).unwrap();
+        silu_and_mul(kernels, &mut dout, &dinput, rows, d).unwrap();
         gpu.push((name.into(), stream.clone_dtoh(&dout).unwrap()));
         cpu.push((name.into(), silu_and_mul_reference(&input, rows, d)));
     }
@@ -177,34 +169,52 @@ fn check_against_reference(path: &str, gpu: &Outputs, cpu: &Outputs) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
-fn gpu_every_kernel_matches_its_reference_and_sass_equals_ptx() {
-    let d = device();
-    let seed: u64 = rand::random();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
-    let inputs = Inputs { seed };
+/// Fresh inputs (the seed printed under `test`), on the device.
+fn inputs(test: &str, d: &OpenDevice) -> Inputs {
+    eprintln!("device \"{}\": {}", d.name, d.spec);
+    Inputs {
+        seed: test_seed(test),
+    }
+}
 
-    let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+/// Both paths' outputs of every op on the same inputs, with the CPU reference's.
+fn run_both_paths(test: &str) -> (Outputs, Outputs, Outputs) {
+    let d = device();
+    let inputs = inputs(test, &d);
+    let sass = load(&d, Policy::Auto);
+    let ptx = load(&d, Policy::PtxOnly);
     eprintln!("{}", sass.report().to_table());
     eprintln!("{}", ptx.report().to_table());
-    assert!(
-        sass.report().modules.iter().all(|m| !m.jit),
-        "auto must load SASS on this GPU"
-    );
-    assert!(
-        ptx.report()
-            .modules
-            .iter()
-            .all(|m| m.jit && m.target.virtual_arch),
-        "ptx-only must JIT PTX"
-    );
-
     let (gpu_sass, cpu) = run_ops(&sass, &inputs);
     let (gpu_ptx, _) = run_ops(&ptx, &inputs);
+    (gpu_sass, gpu_ptx, cpu)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_auto_loads_sass_and_ptx_only_jits_ptx() {
+    // `load_both_paths` asserts what each path loaded.
+    load_both_paths(&device());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_every_kernel_matches_its_reference_from_sass() {
+    let (gpu_sass, _, cpu) = run_both_paths("reference-sass");
     check_against_reference("sass", &gpu_sass, &cpu);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_every_kernel_matches_its_reference_from_ptx() {
+    let (_, gpu_ptx, cpu) = run_both_paths("reference-ptx");
     check_against_reference("ptx", &gpu_ptx, &cpu);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_every_kernel_sass_equals_ptx() {
+    let (gpu_sass, gpu_ptx, _) = run_both_paths("sass-ptx");
     for ((name, a), (_, b)) in gpu_sass.iter().zip(&gpu_ptx) {
         let r = compare(a, b);
         eprintln!("{name}: SASS vs PTX JIT: {r}");
@@ -212,52 +222,81 @@ fn gpu_every_kernel_matches_its_reference_and_sass_equals_ptx() {
     }
 }
 
+/// The CUDA modules with one toolchain's images (the Triton modules have no CUDA 12 images),
+/// loaded under `policy`.
+fn forced_toolchain(d: &OpenDevice, major: u32, policy: Policy) -> LoadedKernels {
+    let modules: Vec<ModuleSource> = ModuleSource::registry_of_kind(ModuleKind::Cuda)
+        .into_iter()
+        .map(|m| m.with_toolchains(ToolchainChoice::Major(major)))
+        .collect();
+    let kernels = load_available(d, policy, &modules).unwrap();
+    eprintln!("{}", kernels.report().to_table());
+    kernels
+}
+
+/// The CUDA 13 SASS, the CUDA 12 SASS and the CUDA 12 PTX (JIT), each forced, with the major
+/// each must come from.
+fn forced_toolchains(d: &OpenDevice) -> [(&'static str, u32, LoadedKernels); 3] {
+    [
+        ("cuda13 sass", 13, forced_toolchain(d, 13, Policy::Auto)),
+        ("cuda12 sass", 12, forced_toolchain(d, 12, Policy::Auto)),
+        ("cuda12 ptx", 12, forced_toolchain(d, 12, Policy::PtxOnly)),
+    ]
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
-fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
-    let d = device();
-    let seed: u64 = rand::random();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
-    let inputs = Inputs { seed };
-
-    // The CUDA modules with one toolchain's images (the Triton modules have no CUDA 12 images).
-    let only = |major| -> Vec<ModuleSource> {
-        ModuleSource::registry_of_kind(ModuleKind::Cuda)
-            .into_iter()
-            .map(|m| m.with_toolchains(ToolchainChoice::Major(major)))
-            .collect()
-    };
-    let cu13 = load_available(&d, Policy::Auto, &only(13)).unwrap();
-    let cu12 = only(12);
-    let cu12_sass = load_available(&d, Policy::Auto, &cu12).unwrap();
-    let cu12_ptx = load_available(&d, Policy::PtxOnly, &cu12).unwrap();
-    for k in [&cu13, &cu12_sass, &cu12_ptx] {
-        eprintln!("{}", k.report().to_table());
+fn gpu_forced_toolchain_loads_only_its_own_images() {
+    for (name, major, kernels) in forced_toolchains(&device()) {
+        assert!(
+            kernels
+                .report()
+                .modules
+                .iter()
+                .all(|m| m.toolchain.major == major),
+            "{name}: a module of another toolchain"
+        );
     }
-    let majors = |k: &LoadedKernels| -> Vec<u32> {
-        k.report()
-            .modules
-            .iter()
-            .map(|m| m.toolchain.major)
-            .collect()
-    };
-    assert!(majors(&cu13).iter().all(|&m| m == 13));
-    assert!(majors(&cu12_sass).iter().all(|&m| m == 12));
-    assert!(majors(&cu12_ptx).iter().all(|&m| m == 12));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_forced_cuda12_sass_loads_without_a_jit() {
+    let cu12_sass = forced_toolchain(&device(), 12, Policy::Auto);
     assert!(
         cu12_sass.report().modules.iter().all(|m| !m.jit),
         "CUDA 12 SASS must load on this GPU without a JIT"
     );
-    assert!(cu12_ptx.report().modules.iter().all(|m| m.jit));
+}
 
-    let (gpu13, cpu) = run_ops(&cu13, &inputs);
-    let (gpu12, _) = run_ops(&cu12_sass, &inputs);
-    let (gpu12_ptx, _) = run_ops(&cu12_ptx, &inputs);
-    check_against_reference("cuda13 sass", &gpu13, &cpu);
-    check_against_reference("cuda12 sass", &gpu12, &cpu);
-    check_against_reference("cuda12 ptx", &gpu12_ptx, &cpu);
-    for (other, outputs) in [("cuda12 sass", &gpu12), ("cuda12 ptx", &gpu12_ptx)] {
-        for ((name, a), (_, b)) in gpu13.iter().zip(outputs) {
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_forced_cuda12_ptx_is_jitted() {
+    let cu12_ptx = forced_toolchain(&device(), 12, Policy::PtxOnly);
+    assert!(cu12_ptx.report().modules.iter().all(|m| m.jit));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_forced_toolchain_images_match_the_reference() {
+    let d = device();
+    let inputs = inputs("toolchain-reference", &d);
+    for (name, _, kernels) in forced_toolchains(&d) {
+        let (gpu, cpu) = run_ops(&kernels, &inputs);
+        check_against_reference(name, &gpu, &cpu);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_cuda12_images_compute_what_cuda13_images_compute() {
+    let d = device();
+    let inputs = inputs("cuda12-cuda13", &d);
+    let [(_, _, cu13), others @ ..] = forced_toolchains(&d);
+    let (gpu13, _) = run_ops(&cu13, &inputs);
+    for (other, _, kernels) in others {
+        let (outputs, _) = run_ops(&kernels, &inputs);
+        for ((name, a), (_, b)) in gpu13.iter().zip(&outputs) {
             let r = compare(a, b);
             eprintln!("{name}: cuda13 SASS vs {other}: {r}");
             assert!(
@@ -268,28 +307,41 @@ fn gpu_cuda12_images_compute_what_cuda13_images_and_the_reference_compute() {
     }
 }
 
+type Buffer = cudarc::driver::CudaSlice<bf16>;
+
+/// The loaded kernels and two 10-element buffers (an input and an output), too small for the
+/// launches below.
+fn small_buffers() -> (LoadedKernels, Buffer, Buffer) {
+    let kernels = load(&device(), Policy::Auto);
+    let small = kernels.stream().alloc_zeros::<bf16>(10).unwrap();
+    let out = kernels.stream().alloc_zeros::<bf16>(10).unwrap();
+    (kernels, small, out)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
-fn gpu_launchers_refuse_bad_shapes_without_launching() {
-    let d = device();
-    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let stream = k.stream();
-    let small = stream.alloc_zeros::<bf16>(10).unwrap();
-    let mut out = stream.alloc_zeros::<bf16>(10).unwrap();
+fn gpu_rmsnorm_refuses_an_output_too_small_without_launching() {
+    let (kernels, small, mut out) = small_buffers();
     let p = RmsNormParams {
         rows: 2,
         hidden: 64,
         eps: 1e-6,
         weight_offset: 0.0,
     };
-    let err = rmsnorm(&k, &mut out, &small, &small, &p)
+    let err = rmsnorm(&kernels, &mut out, &small, &small, &p)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("rmsnorm: `out` holds 10 elements, the shape needs 128"),
         "{err}"
     );
-    let err = silu_and_mul(&k, &mut out, &small, 0, 8)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_silu_and_mul_refuses_zero_rows_without_launching() {
+    let (kernels, small, mut out) = small_buffers();
+    let err = silu_and_mul(&kernels, &mut out, &small, 0, 8)
         .unwrap_err()
         .to_string();
     assert!(err.contains("silu_and_mul: rows 0"), "{err}");

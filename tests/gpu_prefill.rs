@@ -36,17 +36,10 @@ use aot_kernels::ops::qk_norm_rope::{
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use cudarc::driver::CudaSlice;
-use gpu_common::{describe, device, load_auto, load_both_paths, random_bf16, time_ms};
+use gpu_common::{describe, device, load_auto, load_both_paths, random_bf16, test_seed, time_ms};
 use half::bf16;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-
-fn test_seed() -> u64 {
-    std::env::var("AOT_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random)
-}
 
 /// The spacing of bf16 values at `|x|` (one ulp).
 fn ulp(x: f64) -> f64 {
@@ -119,15 +112,15 @@ fn gemm_points(rng: &mut impl Rng, s: &GemmShape, sampled: Option<usize>) -> Vec
 }
 
 /// Runs both outputs of one case on `kernel`; returns (bf16 C, f32 C) as downloaded.
-fn run_gemm(k: &LoadedKernels, kernel: GemmKernel, c: &GemmCase) -> (Vec<bf16>, Vec<f32>) {
-    let s = k.stream();
+fn run_gemm(kernels: &LoadedKernels, kernel: GemmKernel, c: &GemmCase) -> (Vec<bf16>, Vec<f32>) {
+    let s = kernels.stream();
     let s_ = &c.shape;
     let (a, w) = (s.clone_htod(&c.a).unwrap(), s.clone_htod(&c.w).unwrap());
     let c_len = (s_.m - 1) * s_.ldc + s_.n;
     let mut out = s.alloc_zeros::<bf16>(c_len).unwrap();
     let mut out32 = s.alloc_zeros::<f32>(c_len).unwrap();
-    gemm_bf16_on(k, kernel, &mut out, &a, &w, s_).unwrap();
-    gemm_bf16_f32out_on(k, kernel, &mut out32, &a, &w, s_).unwrap();
+    gemm_bf16_on(kernels, kernel, &mut out, &a, &w, s_).unwrap();
+    gemm_bf16_f32out_on(kernels, kernel, &mut out32, &a, &w, s_).unwrap();
     (s.clone_dtoh(&out).unwrap(), s.clone_dtoh(&out32).unwrap())
 }
 
@@ -147,8 +140,8 @@ fn assert_same_f32_bits(what: &str, a: &[f32], b: &[f32]) {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_gemm_matches_the_reference_on_both_paths() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let seed = test_seed("gpu_gemm_matches_the_reference_on_both_paths");
+    eprintln!("device \"{}\": {}", d.name, d.spec);
     let paths = load_both_paths(&d);
     eprintln!("{}", describe(&paths[0].1, "gemm_bf16"));
     eprintln!("{}", describe(&paths[0].1, "gemm_bf16_sm90"));
@@ -276,11 +269,10 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_gemm_rows_do_not_depend_on_the_chunking() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("input seed {seed}");
+    let seed = test_seed("gpu_gemm_rows_do_not_depend_on_the_chunking");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let k = load_auto(&d);
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     // Qwen3-4B qkv_proj over 1024 tokens, then the same rows in chunks of awkward sizes (each
     // row lands at other places in the 128-row tiles).
     let full = GemmShape::dense(1024, 6144, 2560);
@@ -293,8 +285,8 @@ fn gpu_gemm_rows_do_not_depend_on_the_chunking() {
         let a = s.clone_htod(rows).unwrap();
         let mut c = s.alloc_zeros::<bf16>(m * full.n).unwrap();
         let mut c32 = s.alloc_zeros::<f32>(m * full.n).unwrap();
-        gemm_bf16(&k, &mut c, &a, &w, &shape).unwrap();
-        gemm_bf16_f32out(&k, &mut c32, &a, &w, &shape).unwrap();
+        gemm_bf16(&kernels, &mut c, &a, &w, &shape).unwrap();
+        gemm_bf16_f32out(&kernels, &mut c32, &a, &w, &shape).unwrap();
         (s.clone_dtoh(&c).unwrap(), s.clone_dtoh(&c32).unwrap())
     };
     let (whole, whole32) = run(&a, full.m);
@@ -332,24 +324,24 @@ fn gpu_gemm_rows_do_not_depend_on_the_chunking() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_gemm_timings() {
     let d = device();
-    let k = load_auto(&d);
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let t = 8192; // 8 sequences x 1024 tokens
     let buffer = |n: usize, stream: u64| -> CudaSlice<bf16> {
         let mut b = s.alloc_zeros::<bf16>(n).unwrap();
-        fill_uniform_bf16(&k, dev_mut(&k, &mut b), n, 1, stream, 0.5, 0.0).unwrap();
+        fill_uniform_bf16(&kernels, dev_mut(&kernels, &mut b), n, 1, stream, 0.5, 0.0).unwrap();
         b
     };
     let a = buffer(t * 9728, 1);
     let w = buffer(19456 * 2560, 2);
     let mut c = s.alloc_zeros::<bf16>(t * 19456).unwrap();
-    let best = GemmKernel::best(&k);
-    let kernels: &[GemmKernel] = if best == GemmKernel::Wgmma {
+    let best = GemmKernel::best(&kernels);
+    let gemms: &[GemmKernel] = if best == GemmKernel::Wgmma {
         &[GemmKernel::MmaSync, GemmKernel::Wgmma]
     } else {
         &[GemmKernel::MmaSync]
     };
-    for &kernel in kernels {
+    for &kernel in gemms {
         let mut layer_ms = 0.0;
         let mut layer_flop = 0.0;
         for (name, n, kk) in [
@@ -359,8 +351,8 @@ fn gpu_gemm_timings() {
             ("down_proj", 2560, 9728),
         ] {
             let shape = GemmShape::dense(t, n, kk);
-            let ms = time_ms(&k, 10, || {
-                gemm_bf16_on(&k, kernel, &mut c, &a, &w, &shape).unwrap()
+            let ms = time_ms(&kernels, 10, || {
+                gemm_bf16_on(&kernels, kernel, &mut c, &a, &w, &shape).unwrap()
             });
             let flop = 2.0 * (t * n * kk) as f64;
             layer_ms += f64::from(ms);
@@ -378,8 +370,8 @@ fn gpu_gemm_timings() {
     let mut logits = s.alloc_zeros::<f32>(8 * 151_936).unwrap();
     let lm_w = buffer(151_936 * 2560, 3);
     let shape = GemmShape::dense(8, 151_936, 2560);
-    let ms = time_ms(&k, 10, || {
-        gemm_bf16_f32out(&k, &mut logits, &a, &lm_w, &shape).unwrap()
+    let ms = time_ms(&kernels, 10, || {
+        gemm_bf16_f32out(&kernels, &mut logits, &a, &lm_w, &shape).unwrap()
     });
     eprintln!(
         "gemm_bf16_f32out 8 x 151936 x 2560 (lm_head, last tokens): {ms:.3} ms, {:.0} GB/s of weights",
@@ -463,8 +455,8 @@ struct NormCase {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let seed = test_seed("gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths");
+    eprintln!("device \"{}\": {}", d.name, d.spec);
     let paths = load_both_paths(&d);
     eprintln!("{}", describe(&paths[0].1, "qk_norm_rope_cache"));
     let cases = [
@@ -629,8 +621,8 @@ struct AttnCase {
 
 /// One attention run: q, a cache holding positions `0..start_pos + tokens` with NaN everywhere
 /// else (never to be read), and the output.
-fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> Vec<bf16> {
-    let s = k.stream();
+fn run_attention(kernels: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> Vec<bf16> {
+    let s = kernels.stream();
     let p = AttentionPrefillParams {
         tokens: c.tokens,
         q_heads: c.q_heads,
@@ -659,9 +651,9 @@ fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> 
     padded_q.extend_from_slice(q);
     let q = s.clone_htod(&padded_q).unwrap();
     attention_prefill(
-        k,
-        dev_mut(k, &mut out).skip(PAD).unwrap(),
-        dev(k, &q).skip(PAD).unwrap(),
+        kernels,
+        dev_mut(kernels, &mut out).skip(PAD).unwrap(),
+        dev(kernels, &q).skip(PAD).unwrap(),
         &kc,
         &vc,
         &blocks,
@@ -682,8 +674,8 @@ fn run_attention(k: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> 
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let seed = test_seed("gpu_attention_prefill_matches_the_reference_on_both_paths");
+    eprintln!("device \"{}\": {}", d.name, d.spec);
     let paths = load_both_paths(&d);
     eprintln!("{}", describe(&paths[0].1, "attention_prefill"));
     let case = |name, tokens, start_pos, q_heads, kv_heads, head_dim, sampled| AttnCase {
@@ -765,10 +757,9 @@ fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("input seed {seed}");
-    let k = load_auto(&d);
-    let s = k.stream();
+    let seed = test_seed("gpu_prefill_attention_does_not_depend_on_the_chunking");
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // The whole prefill step per chunk: q/k norm + RoPE writing the cache, then attention over
     // the cache so far. Every chunking must give the same q, cache and attention output bits.
@@ -830,7 +821,7 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     .clone_htod(&qkv[start * width..(start + t) * width])
                     .unwrap();
                 let inputs = QkNormRopeInputs {
-                    qkv: dev(&k, &qkv_dev),
+                    qkv: dev(&kernels, &qkv_dev),
                     q_norm: &q_norm,
                     k_norm: &k_norm,
                     cos_sin: &cos_sin,
@@ -838,7 +829,15 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     blocks,
                 };
                 let mut q = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                qk_norm_rope_cache(&k, &inputs, dev_mut(&k, &mut q), &mut kc, &mut vc, &p).unwrap();
+                qk_norm_rope_cache(
+                    &kernels,
+                    &inputs,
+                    dev_mut(&kernels, &mut q),
+                    &mut kc,
+                    &mut vc,
+                    &p,
+                )
+                .unwrap();
                 let ap = AttentionPrefillParams {
                     tokens: t,
                     q_heads,
@@ -848,8 +847,16 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
                     softmax_scale: AttentionPrefillParams::default_scale(head_dim),
                 };
                 let mut o = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                attention_prefill(&k, dev_mut(&k, &mut o), dev(&k, &q), &kc, &vc, &blocks, &ap)
-                    .unwrap();
+                attention_prefill(
+                    &kernels,
+                    dev_mut(&kernels, &mut o),
+                    dev(&kernels, &q),
+                    &kc,
+                    &vc,
+                    &blocks,
+                    &ap,
+                )
+                .unwrap();
                 all_q.extend(s.clone_dtoh(&q).unwrap());
                 all_o.extend(s.clone_dtoh(&o).unwrap());
                 start += t;
@@ -885,8 +892,8 @@ fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_attention_prefill_timings() {
     let d = device();
-    let k = load_auto(&d);
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let (q_heads, kv_heads, head_dim, tokens, sequences) = (32, 8, 128, 1024, 8);
     let mut caches = Vec::new();
@@ -917,14 +924,23 @@ fn gpu_attention_prefill_timings() {
         start_pos: 0,
         softmax_scale: AttentionPrefillParams::default_scale(head_dim),
     };
-    let ms = time_ms(&k, 5, || {
+    let ms = time_ms(&kernels, 5, || {
         for (table, kc, vc) in &on_device {
             let blocks = BlockTable {
                 table,
                 offset: 0,
                 len: table.len(),
             };
-            attention_prefill(&k, dev_mut(&k, &mut out), dev(&k, &q), kc, vc, &blocks, &p).unwrap();
+            attention_prefill(
+                &kernels,
+                dev_mut(&kernels, &mut out),
+                dev(&kernels, &q),
+                kc,
+                vc,
+                &blocks,
+                &p,
+            )
+            .unwrap();
         }
     });
     // Causal: query t sees t + 1 keys; 4 flops per (query head, key, dim) for QK^T and PV.
@@ -940,14 +956,26 @@ fn gpu_attention_prefill_timings() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_prefill_launchers_refuse_bad_shapes() {
     let d = device();
-    let k = load_auto(&d);
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
     let a = s.alloc_zeros::<bf16>(64 * 64).unwrap();
     let mut c = s.alloc_zeros::<bf16>(64 * 64).unwrap();
-    let e = err(gemm_bf16(&k, &mut c, &a, &a, &GemmShape::dense(8, 12, 64)));
+    let e = err(gemm_bf16(
+        &kernels,
+        &mut c,
+        &a,
+        &a,
+        &GemmShape::dense(8, 12, 64),
+    ));
     assert!(e.contains("multiples of 8"), "{e}");
-    let e = err(gemm_bf16(&k, &mut c, &a, &a, &GemmShape::dense(65, 64, 64)));
+    let e = err(gemm_bf16(
+        &kernels,
+        &mut c,
+        &a,
+        &a,
+        &GemmShape::dense(65, 64, 64),
+    ));
     assert!(e.contains("`a` holds 4096 elements"), "{e}");
 
     let table = s.clone_htod(&[0i32, 1]).unwrap();
@@ -967,9 +995,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
         softmax_scale: 0.125,
     };
     let e = err(attention_prefill(
-        &k,
-        dev_mut(&k, &mut out),
-        dev(&k, &a),
+        &kernels,
+        dev_mut(&kernels, &mut out),
+        dev(&kernels, &a),
         &cache,
         &cache,
         &blocks,
@@ -978,9 +1006,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     assert!(e.contains("need 3 cache blocks"), "{e}");
     // A view that starts off a 16-byte boundary is refused before the kernel sees it.
     let e = err(attention_prefill(
-        &k,
-        dev_mut(&k, &mut out),
-        dev(&k, &a).skip(3).unwrap(),
+        &kernels,
+        dev_mut(&kernels, &mut out),
+        dev(&kernels, &a).skip(3).unwrap(),
         &cache,
         &cache,
         &blocks,
@@ -988,9 +1016,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     ));
     assert!(e.contains("16-byte boundary"), "{e}");
     let e = err(attention_prefill(
-        &k,
-        dev_mut(&k, &mut out),
-        dev(&k, &a),
+        &kernels,
+        dev_mut(&kernels, &mut out),
+        dev(&kernels, &a),
         &cache,
         &cache,
         &blocks,
@@ -998,9 +1026,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     ));
     assert!(e.contains("head_dim 96"), "{e}");
     let e = err(attention_prefill(
-        &k,
-        dev_mut(&k, &mut out),
-        dev(&k, &a),
+        &kernels,
+        dev_mut(&kernels, &mut out),
+        dev(&kernels, &a),
         &cache,
         &cache,
         &blocks,
@@ -1012,9 +1040,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
         ..blocks
     };
     let e = err(attention_prefill(
-        &k,
-        dev_mut(&k, &mut out),
-        dev(&k, &a),
+        &kernels,
+        dev_mut(&kernels, &mut out),
+        dev(&kernels, &a),
         &cache,
         &cache,
         &past,
@@ -1027,7 +1055,7 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
     let w = s.alloc_zeros::<bf16>(64).unwrap();
     let (mut kc, mut vc) = (cache.clone(), cache.clone());
     let inputs = QkNormRopeInputs {
-        qkv: dev(&k, &qkv),
+        qkv: dev(&kernels, &qkv),
         q_norm: &w,
         k_norm: &w,
         cos_sin: &cos_sin,
@@ -1045,9 +1073,9 @@ fn gpu_prefill_launchers_refuse_bad_shapes() {
         weight_offset: 0.0,
     };
     let e = err(qk_norm_rope_cache(
-        &k,
+        &kernels,
         &inputs,
-        dev_mut(&k, &mut out),
+        dev_mut(&kernels, &mut out),
         &mut kc,
         &mut vc,
         &np,

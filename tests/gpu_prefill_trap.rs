@@ -15,8 +15,8 @@ use half::bf16;
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_block_id_outside_the_cache_traps() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let s = k.stream();
+    let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let s = kernels.stream();
     let (head_dim, tokens) = (64, 4);
     let p = QkNormRopeParams {
         tokens,
@@ -40,7 +40,7 @@ fn gpu_block_id_outside_the_cache_traps() {
     let run = |table: &[i32], kc: &mut _, vc: &mut _, q: &mut CudaSlice<bf16>| {
         let table = s.clone_htod(table).unwrap();
         let inputs = QkNormRopeInputs {
-            qkv: dev(&k, &qkv),
+            qkv: dev(&kernels, &qkv),
             q_norm: &w,
             k_norm: &w,
             cos_sin: &cos_sin,
@@ -51,7 +51,7 @@ fn gpu_block_id_outside_the_cache_traps() {
                 len: 2,
             },
         };
-        let launched = qk_norm_rope_cache(&k, &inputs, dev_mut(&k, q), kc, vc, &p);
+        let launched = qk_norm_rope_cache(&kernels, &inputs, dev_mut(&kernels, q), kc, vc, &p);
         (launched, s.synchronize())
     };
     // In range first: the same call succeeds.

@@ -10,8 +10,8 @@ use half::bf16;
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_rotary_position_out_of_range_traps() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let stream = k.stream();
+    let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let stream = kernels.stream();
     let p = RotaryParams {
         tokens: 2,
         q_heads: 2,
@@ -32,11 +32,28 @@ fn gpu_rotary_position_out_of_range_traps() {
 
     // In range first: the same call succeeds.
     let positions = stream.clone_htod(&[3i32, 15]).unwrap();
-    rotary_neox(&k, &mut q, &mut kk, &positions, &cache, max_position, &p).unwrap();
+    rotary_neox(
+        &kernels,
+        &mut q,
+        &mut kk,
+        &positions,
+        &cache,
+        max_position,
+        &p,
+    )
+    .unwrap();
     stream.synchronize().unwrap();
 
     let positions = stream.clone_htod(&[3i32, max_position as i32]).unwrap();
-    let launched = rotary_neox(&k, &mut q, &mut kk, &positions, &cache, max_position, &p);
+    let launched = rotary_neox(
+        &kernels,
+        &mut q,
+        &mut kk,
+        &positions,
+        &cache,
+        max_position,
+        &p,
+    );
     let synced = stream.synchronize();
     eprintln!("position {max_position} with a {max_position}-row table: launch {launched:?}, synchronize {synced:?}");
     assert!(

@@ -14,16 +14,9 @@ use aot_kernels::ops::sampling::{
     SamplingParams, SAMPLE_CANDIDATES,
 };
 use aot_kernels::ops::{dev, dev_mut, OpsError};
-use gpu_common::{device, load_auto, load_both_paths, time_ms};
+use gpu_common::{device, load_auto, load_both_paths, test_seed, time_ms};
 use half::bf16;
 use rand::{Rng, SeedableRng};
-
-fn test_seed() -> u64 {
-    std::env::var("AOT_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random)
-}
 
 /// A row of logits of one of several characters: LLM-like (a few strong candidates over a
 /// broad tail), flat, very peaked, few distinct values (ties everywhere), a plateau at the top,
@@ -170,8 +163,8 @@ fn batch_of<R: Rng>(
     }
 }
 
-fn run(k: &LoadedKernels, b: &Batch) -> Vec<i32> {
-    let s = k.stream();
+fn run(kernels: &LoadedKernels, b: &Batch) -> Vec<i32> {
+    let s = kernels.stream();
     let logits = s.clone_htod(&b.logits).unwrap();
     let temperature = s
         .clone_htod(&b.params.iter().map(|p| p.temperature).collect::<Vec<_>>())
@@ -186,13 +179,13 @@ fn run(k: &LoadedKernels, b: &Batch) -> Vec<i32> {
     let counter = s.clone_htod(&b.counters).unwrap();
     let mut tokens = s.alloc_zeros::<i32>(b.shape.rows).unwrap();
     let p = DeviceSamplingParams {
-        temperature: dev(k, &temperature),
-        top_k: dev(k, &top_k),
-        top_p: dev(k, &top_p),
-        seed: dev(k, &seed),
-        counter: dev(k, &counter),
+        temperature: dev(kernels, &temperature),
+        top_k: dev(kernels, &top_k),
+        top_p: dev(kernels, &top_p),
+        seed: dev(kernels, &seed),
+        counter: dev(kernels, &counter),
     };
-    sample_tokens(k, &mut tokens, &logits, &b.shape, &p).unwrap();
+    sample_tokens(kernels, &mut tokens, &logits, &b.shape, &p).unwrap();
     s.clone_dtoh(&tokens).unwrap()
 }
 
@@ -200,8 +193,8 @@ fn run(k: &LoadedKernels, b: &Batch) -> Vec<i32> {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_equals_the_reference_token_for_token() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("device \"{}\": {}; input seed {seed}", d.name, d.spec);
+    let seed = test_seed("gpu_sampling_equals_the_reference_token_for_token");
+    eprintln!("device \"{}\": {}", d.name, d.spec);
     let paths = load_both_paths(&d);
     eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -274,9 +267,9 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_timings() {
     let d = device();
-    let k = load_auto(&d);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(test_seed());
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(test_seed("gpu_sampling_timings"));
+    let s = kernels.stream();
     let vocab = 151_936;
     let rows = 8;
     // Rows of a trained model's shape (kind 8).
@@ -311,14 +304,14 @@ fn gpu_sampling_timings() {
         let top_k = s.clone_htod(&[kk; 8]).unwrap();
         let top_p = s.clone_htod(&[pp; 8]).unwrap();
         let p = DeviceSamplingParams {
-            temperature: dev(&k, &temperature),
-            top_k: dev(&k, &top_k),
-            top_p: dev(&k, &top_p),
-            seed: dev(&k, &seed),
-            counter: dev(&k, &counter),
+            temperature: dev(&kernels, &temperature),
+            top_k: dev(&kernels, &top_k),
+            top_p: dev(&kernels, &top_p),
+            seed: dev(&kernels, &seed),
+            counter: dev(&kernels, &counter),
         };
-        let ms = time_ms(&k, 20, || {
-            sample_tokens(&k, &mut tokens, &logits, &shape, &p).unwrap()
+        let ms = time_ms(&kernels, 20, || {
+            sample_tokens(&kernels, &mut tokens, &logits, &shape, &p).unwrap()
         });
         let candidates: Vec<Option<usize>> = host
             .chunks(vocab)
@@ -344,8 +337,7 @@ fn gpu_sampling_timings() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_fill_uniform_equals_the_reference_bit_for_bit() {
     let d = device();
-    let seed = test_seed();
-    eprintln!("input seed {seed}");
+    let seed = test_seed("gpu_fill_uniform_equals_the_reference_bit_for_bit");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut outputs = Vec::new();
     let cases: Vec<(usize, u64, u64, f32, f32)> = (0..3)
@@ -391,8 +383,8 @@ fn gpu_fill_uniform_equals_the_reference_bit_for_bit() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_refuses_bad_shapes() {
     let d = device();
-    let k = load_auto(&d);
-    let s = k.stream();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
     let logits = s.alloc_zeros::<f32>(100).unwrap();
     let f = s.alloc_zeros::<f32>(2).unwrap();
     let u = s.alloc_zeros::<u32>(2).unwrap();
@@ -400,11 +392,11 @@ fn gpu_sampling_refuses_bad_shapes() {
     let short = s.alloc_zeros::<u64>(1).unwrap();
     let mut tokens = s.alloc_zeros::<i32>(2).unwrap();
     let ok = DeviceSamplingParams {
-        temperature: dev(&k, &f),
-        top_k: dev(&k, &u),
-        top_p: dev(&k, &f),
-        seed: dev(&k, &w),
-        counter: dev(&k, &w),
+        temperature: dev(&kernels, &f),
+        top_k: dev(&kernels, &u),
+        top_p: dev(&kernels, &f),
+        seed: dev(&kernels, &w),
+        counter: dev(&kernels, &w),
     };
     let shape = |rows, vocab, row_stride| LogitsShape {
         rows,
@@ -413,7 +405,7 @@ fn gpu_sampling_refuses_bad_shapes() {
     };
     let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
     let e = err(sample_tokens(
-        &k,
+        &kernels,
         &mut tokens,
         &logits,
         &shape(2, 60, 60),
@@ -421,7 +413,7 @@ fn gpu_sampling_refuses_bad_shapes() {
     ));
     assert!(e.contains("`logits` holds 100 elements"), "{e}");
     let e = err(sample_tokens(
-        &k,
+        &kernels,
         &mut tokens,
         &logits,
         &shape(2, 50, 40),
@@ -429,7 +421,7 @@ fn gpu_sampling_refuses_bad_shapes() {
     ));
     assert!(e.contains("row stride 40 is shorter"), "{e}");
     let e = err(sample_tokens(
-        &k,
+        &kernels,
         &mut tokens,
         &logits,
         &shape(2, 0, 0),
@@ -437,20 +429,20 @@ fn gpu_sampling_refuses_bad_shapes() {
     ));
     assert!(e.contains("vocabulary"), "{e}");
     let e = err(sample_tokens(
-        &k,
+        &kernels,
         &mut tokens,
         &logits,
         &shape(2, 50, 50),
         &DeviceSamplingParams {
-            counter: dev(&k, &short),
+            counter: dev(&kernels, &short),
             ..ok
         },
     ));
     assert!(e.contains("`counter` holds 1 elements"), "{e}");
     let mut out = s.alloc_zeros::<bf16>(4).unwrap();
     let e = err(fill_uniform_bf16(
-        &k,
-        dev_mut(&k, &mut out),
+        &kernels,
+        dev_mut(&kernels, &mut out),
         5,
         1,
         2,

@@ -65,14 +65,14 @@ fn check_f32(what: &str, got: &[f32], want: &[f32]) {
 
 /// One GDN run (decode or prefill) on the GPU from the given states; returns out and states.
 fn run_gdn(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     p: &GdnParamsHost,
     batch: &GdnBatchHost,
     conv0: &[bf16],
     rec0: &[f32],
     decode: bool,
 ) -> (Vec<bf16>, Vec<bf16>, Vec<f32>) {
-    let st = k.stream();
+    let st = kernels.stream();
     let dev = GdnDevice::new(st, p, batch);
     let (mut conv, mut rec) = (upload(st, conv0), upload(st, rec0));
     let mut state = GdnState {
@@ -87,7 +87,7 @@ fn run_gdn(
     let (layer, seqs, inputs) = (dev.layer(), dev.seqs(), dev.inputs());
     let run = if decode { gdn_decode } else { gdn_prefill };
     run(
-        k,
+        kernels,
         &GDN,
         &layer,
         &mut state,
@@ -474,8 +474,8 @@ fn cpu_references_match_transformers() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_triton_launchers_refuse_bad_shapes() {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let k = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let st = k.stream();
+    let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let st = kernels.stream();
     let x = st.alloc_zeros::<bf16>(9 * MOE.hidden).unwrap();
     let small = st.alloc_zeros::<bf16>(16).unwrap();
     let layer = MoeLayer {
@@ -488,11 +488,11 @@ fn gpu_triton_launchers_refuse_bad_shapes() {
     };
     let mut scratch = MoeScratch::new(st, &MOE, 8).unwrap();
     let mut out = st.alloc_zeros::<bf16>(9 * MOE.hidden).unwrap();
-    let err = moe_forward(&k, &MOE, &layer, &x, 17, &mut scratch, &mut out)
+    let err = moe_forward(&kernels, &MOE, &layer, &x, 17, &mut scratch, &mut out)
         .unwrap_err()
         .to_string();
     assert!(err.contains("17 tokens: the kernels take 1..=16"), "{err}");
-    let err = moe_forward(&k, &MOE, &layer, &x, 2, &mut scratch, &mut out)
+    let err = moe_forward(&kernels, &MOE, &layer, &x, 2, &mut scratch, &mut out)
         .unwrap_err()
         .to_string();
     assert!(err.contains("`router` holds 16 elements"), "{err}");
@@ -511,7 +511,7 @@ fn gpu_triton_launchers_refuse_bad_shapes() {
         .alloc_zeros::<bf16>(dev.n_tokens * GDN.value_width())
         .unwrap();
     let err = gdn_decode(
-        &k,
+        &kernels,
         &GDN,
         &dev.layer(),
         &mut state,
@@ -530,7 +530,7 @@ fn gpu_triton_launchers_refuse_bad_shapes() {
         experts: 128,
         ..MOE
     };
-    let err = moe_forward(&k, &other, &layer, &x, 2, &mut scratch, &mut out)
+    let err = moe_forward(&kernels, &other, &layer, &x, 2, &mut scratch, &mut out)
         .unwrap_err()
         .to_string();
     assert!(

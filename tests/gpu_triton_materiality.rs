@@ -25,10 +25,10 @@ const REPS: usize = 20;
 const ROUNDS: usize = 5;
 
 /// Median over repeats of the per-call time of `op` in microseconds (CUDA events around 10 calls).
-fn time_us(k: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
-    let st = k.stream();
+fn time_us(kernels: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
+    let st = kernels.stream();
     for _ in 0..3 {
-        op(k);
+        op(kernels);
     }
     st.synchronize().unwrap();
     let mut samples = Vec::new();
@@ -37,7 +37,7 @@ fn time_us(k: &LoadedKernels, op: &mut dyn FnMut(&LoadedKernels)) -> f64 {
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .unwrap();
         for _ in 0..10 {
-            op(k);
+            op(kernels);
         }
         let end = st
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -82,8 +82,8 @@ struct Ops {
 const SLOTS: usize = 16;
 
 /// Times every op on `k`: (op name, microseconds per call).
-fn time_ops(k: &LoadedKernels, ops: &Ops) -> Vec<(String, f64)> {
-    let st = k.stream();
+fn time_ops(kernels: &LoadedKernels, ops: &Ops) -> Vec<(String, f64)> {
+    let st = kernels.stream();
     let mut conv = upload(st, &ops.gdn.conv0);
     let mut rec = upload(st, &ops.gdn.rec0);
     let mut results = Vec::new();
@@ -98,14 +98,14 @@ fn time_ops(k: &LoadedKernels, ops: &Ops) -> Vec<(String, f64)> {
             .alloc_zeros::<bf16>(dev.n_tokens * GDN.value_width())
             .unwrap();
         let run = if decode { gdn_decode } else { gdn_prefill };
-        let us = time_us(k, &mut |k| {
+        let us = time_us(kernels, &mut |kernels| {
             let mut state = GdnState {
                 conv: &mut conv,
                 recurrent: &mut rec,
                 slots: SLOTS,
             };
             run(
-                k,
+                kernels,
                 &GDN,
                 &layer,
                 &mut state,
@@ -124,8 +124,8 @@ fn time_ops(k: &LoadedKernels, ops: &Ops) -> Vec<(String, f64)> {
     for tokens in [1usize, 8] {
         let x = upload(st, &ops.moe_x[..tokens * MOE.hidden]);
         let mut out = st.alloc_zeros::<bf16>(tokens * MOE.hidden).unwrap();
-        let us = time_us(k, &mut |k| {
-            moe_forward(k, &MOE, &layer, &x, tokens, &mut scratch, &mut out).unwrap()
+        let us = time_us(kernels, &mut |kernels| {
+            moe_forward(kernels, &MOE, &layer, &x, tokens, &mut scratch, &mut out).unwrap()
         });
         results.push((format!("moe_forward {tokens} token(s)"), us));
     }
@@ -223,16 +223,17 @@ fn gpu_triton_sass_versus_ptx_jit() {
                 }
             })
             .collect();
-        let k = load_available(&d, Policy::Auto, &modules).unwrap();
+        let kernels = load_available(&d, Policy::Auto, &modules).unwrap();
         assert!(
-            k.report()
+            kernels
+                .report()
                 .modules
                 .iter()
                 .find(|x| x.module == *m)
                 .unwrap()
                 .jit
         );
-        for (name, s, t) in time_paired(&sass, &k, &ops) {
+        for (name, s, t) in time_paired(&sass, &kernels, &ops) {
             let (s, t) = (&s, &t);
             if (t - s).abs() / s > 0.03 {
                 eprintln!(

@@ -7,16 +7,39 @@ use aot_kernels::dispatch::{
 };
 use cudarc::driver::sys::CUevent_flags;
 use half::bf16;
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 pub fn device() -> OpenDevice {
     open_device(0)
         .unwrap_or_else(|e| panic!("this GPU test needs a CUDA device and found none: {e}"))
 }
 
+/// Every module the registry serves on this device under `policy`.
+pub fn load(d: &OpenDevice, policy: Policy) -> LoadedKernels {
+    load_available(d, policy, &ModuleSource::registry()).unwrap()
+}
+
 /// Every module loaded under `auto` (exact SASS on a promised GPU).
 pub fn load_auto(d: &OpenDevice) -> LoadedKernels {
-    load_available(d, Policy::Auto, &ModuleSource::registry()).unwrap()
+    load(d, Policy::Auto)
+}
+
+/// Fresh random inputs each run; `AOT_TEST_SEED=N` replays the inputs of a printed seed.
+pub fn test_seed(test: &str) -> u64 {
+    let s: u64 = match std::env::var("AOT_TEST_SEED") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            panic!("AOT_TEST_SEED={v:?} is not a seed: give the number a test printed")
+        }),
+        Err(_) => rand::random(),
+    };
+    eprintln!("[{test}] input seed {s}");
+    s
+}
+
+/// A generator seeded by [`test_seed`].
+pub fn seed(test: &str) -> StdRng {
+    StdRng::seed_from_u64(test_seed(test))
 }
 
 /// Every module loaded from its exact SASS (`auto`) and from the PTX fallback (`ptx-only`, JIT),
@@ -41,9 +64,14 @@ pub fn load_both_paths(d: &OpenDevice) -> [(&'static str, LoadedKernels); 2] {
 }
 
 /// Registers, shared memory and image of each entry of `module`, as the driver loaded it.
-pub fn describe(k: &LoadedKernels, module: &str) -> String {
+pub fn describe(kernels: &LoadedKernels, module: &str) -> String {
     let mut out = String::new();
-    for m in k.report().modules.iter().filter(|m| m.module == module) {
+    for m in kernels
+        .report()
+        .modules
+        .iter()
+        .filter(|m| m.module == module)
+    {
         for e in &m.entries {
             out += &format!(
                 "  {}/{} [{}]: {} registers, {} B static smem\n",
@@ -62,8 +90,8 @@ pub fn random_bf16(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<bf16> {
 }
 
 /// Milliseconds per call of `f`, by CUDA events around `reps` calls after one warm-up call.
-pub fn time_ms(k: &LoadedKernels, reps: usize, mut f: impl FnMut()) -> f32 {
-    let stream = k.stream();
+pub fn time_ms(kernels: &LoadedKernels, reps: usize, mut f: impl FnMut()) -> f32 {
+    let stream = kernels.stream();
     f();
     let start = stream
         .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
