@@ -10,11 +10,17 @@
 //! that leaves rows out (a request that sampled end-of-sequence) is served too, and so is one that
 //! also carries a new request's prompt chunk (run after it); such a step queues nothing ahead
 //! itself, so the step after it waits once. A plan of other rows, or of a token the caller chose
-//! itself, drops the pass and runs anew. What the dropped pass wrote is harmless: each row's key
-//! and value at its next position, in the block the row's table named (the slot's own: the
-//! scheduler reserves a request's blocks for it alone, the contract `SeqStep::continues`
-//! states), which the pass that does run that position overwrites, and the scratch buffers every
-//! pass rewrites; stream order puts every later writer after it.
+//! itself, drops the pass and runs anew. For attention layers what the dropped pass wrote is
+//! harmless: each row's key and value at its next position, in the block the row's table named
+//! (the slot's own: the scheduler reserves a request's blocks for it alone, the contract
+//! `SeqStep::continues` states), which the pass that does run that position overwrites, and the
+//! scratch buffers every pass rewrites; stream order puts every later writer after it.
+//!
+//! Not so for recurrent layers: a pass advances a sequence's recurrent state in place, and a
+//! dropped pass would leave it one token on, for good. So the runner decodes ahead only for
+//! models without recurrent state (`ModelDesc::has_recurrent_state`); a hybrid family's forward
+//! would need its state double-buffered (the pass ahead writing the other copy, adopted by
+//! swapping) before it could decode ahead.
 //!
 //! The decisions here are pure; the runner (`gpu::GpuRunner::pass`) applies them.
 

@@ -1,16 +1,22 @@
-//! When a step replays a CUDA graph and when it launches eagerly: one pure predicate.
+//! CUDA graphs of the forward pass: when a pass replays one and when it launches eagerly (one
+//! pure predicate, [`graph_decision`]), and the capture and replay themselves.
 //!
-//! A forward pass over `rows` token rows (1..=8) is captured once per row count and decode
-//! attention kind (pipelined or not, see `aot_kernels::ops::attention::attn_pipelined`), with every
-//! per-step input (tokens, positions, slots, context lengths, sampling parameters) in fixed
-//! device buffers that are refilled before each replay. The captured attention launch has the
-//! full split depth ([`MAX_SPLITS`]), so it serves any context length: each sequence's split
-//! count is computed in the kernel from its own length. Replay and eager launch run the same
-//! kernels with the same shapes, so they give the same bits.
-//!
-//! [`MAX_SPLITS`]: aot_kernels::ops::attention::MAX_SPLITS
+//! A forward pass over `rows` token rows (1..=8) is captured once per key: the row count and the
+//! decode attention kind, pipelined or not (`aot_kernels::ops::attention::attn_pipelined`) and
+//! its splits merged in thread-block clusters or not (`attn_cluster`). Every per-step input
+//! (tokens, positions, slots, context lengths, sampling parameters) sits in fixed device buffers
+//! refilled before each replay. The captured attention launch has the full split depth of its
+//! kind ([`MAX_SPLITS`], or [`CLUSTER_SPLITS`] for a cluster graph), so it serves any context
+//! length its kind covers: each sequence's split count is computed in the kernel from its own
+//! length. Replay and eager launch run the same kernels with the same shapes, so they give the
+//! same bits.
 
+use aot_kernels::device;
+use aot_kernels::ops::attention::{CLUSTER_SPLITS, MAX_SPLITS};
 use aot_kernels::ops::gemv::MAX_TOKENS;
+
+use super::{dev_err, ops_err, GpuRunner};
+use crate::runner::RunnerError;
 
 /// Why a pass ran eagerly (reported in the runner's statistics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +43,53 @@ pub fn graph_decision(enabled: bool, rows: usize, seen_before: bool) -> GraphDec
         GraphDecision::Warmup
     } else {
         GraphDecision::Replay
+    }
+}
+
+impl GpuRunner {
+    /// Runs the forward pass over the first `m` rows of the pass buffers: a replay of the graph
+    /// of its key (captured now if it has none), or launches (see [`graph_decision`]);
+    /// `max_splits` is the deepest split count of its rows.
+    pub(super) fn run_forward(
+        &mut self,
+        m: usize,
+        pipelined: bool,
+        cluster: bool,
+        max_splits: usize,
+    ) -> Result<(), RunnerError> {
+        let s = self.k.stream().clone();
+        let key = (m, pipelined, cluster);
+        let kind = usize::from(pipelined) + 2 * usize::from(cluster);
+        let depth = if cluster { CLUSTER_SPLITS } else { MAX_SPLITS };
+        match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {
+            GraphDecision::Replay => {
+                if !self.graphs.contains_key(&key) {
+                    device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
+                    let launched = self.launch_forward(m, depth, pipelined, cluster);
+                    let graph = device::end_capture(&s);
+                    launched.map_err(ops_err)?;
+                    let graph = graph
+                        .map_err(dev_err("capturing the forward pass"))?
+                        .ok_or_else(|| {
+                            RunnerError::Device("graph capture produced no graph".into())
+                        })?;
+                    self.graphs.insert(key, graph);
+                    self.stats.graph_captures += 1;
+                }
+                self.graphs[&key]
+                    .launch()
+                    .map_err(dev_err("replaying the forward pass"))?;
+                self.stats.graph_replays += 1;
+            }
+            _ => {
+                let grid = if cluster { CLUSTER_SPLITS } else { max_splits };
+                self.launch_forward(m, grid, pipelined, cluster)
+                    .map_err(ops_err)?;
+                self.seen[m.min(MAX_TOKENS)][kind] = true;
+                self.stats.eager_passes += 1;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,19 +1,11 @@
-//! The GPU runner: Qwen3 on the AOT kernels of `aot-kernels` (every kernel from the embedded
-//! registry, picked by the dispatcher for this GPU and driver; nothing beyond libcuda at run time).
+//! The GPU runner on the AOT kernels of `aot-kernels` (every kernel from the embedded registry,
+//! picked by the dispatcher for this GPU and driver; nothing beyond libcuda at run time): set-up,
+//! passes and the [`Runner`] here; the forward pass of each family in its own file ([`qwen3`]);
+//! CUDA graphs in [`graphs`]. It serves the dense family so far.
 //!
 //! Prompt tokens go through the prefill path ([`prefill`]: GEMMs over a chunk). Generated tokens
 //! go through decode passes of 1 to 8 token rows, each a (slot, position, token) of a different
-//! request. Per layer a decode pass is five launches:
-//!
-//! ```text
-//! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v]
-//! attn     attention  q/k norm, RoPE, k and v into the paged cache; split-KV over each row's blocks
-//! o_proj   gemv       h += o
-//! gate_up  gemv_norm  x = rmsnorm(h) -> silu(gate) * up
-//! down     gemv       h += down
-//! ```
-//!
-//! then `lm_head` (with the final norm) and sampling. Every row's result depends on that row
+//! request, one forward pass each (launches, or a graph replay). Every row's result depends on that row
 //! alone (kernels never mix rows), so a request computes the same bits alone or in a batch, and a
 //! prompt the same bits however it is chunked. Passes of a given row count replay a CUDA graph
 //! (see [`graphs`]); the host waits in a pass only for its sampled tokens (and before refilling a
@@ -25,6 +17,7 @@ pub mod graphs;
 mod inputs;
 mod packing;
 pub mod prefill;
+mod qwen3;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -33,22 +26,17 @@ use std::time::Instant;
 use aot_kernels::device::{self, CudaEvent, CudaGraph, CudaSlice, DriverError, PinnedHostSlice};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy, ToolchainChoice};
 use aot_kernels::ops::attention::{
-    self, attention_decode, attn_cluster, attn_pipelined, attn_scratch_needs, attn_splits,
-    AttnDecode, AttnScratch, CLUSTER_SPLITS, MAX_SPLITS,
+    self, attn_cluster, attn_pipelined, attn_scratch_needs, attn_splits,
 };
-use aot_kernels::ops::embedding::embedding;
-use aot_kernels::ops::gemv::{
-    gemv, gemv_with, residual_groups, GemvInput, GemvOptions, GemvOutput, MAX_TOKENS,
-};
+use aot_kernels::ops::gemv::{residual_groups, MAX_TOKENS};
 use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShape};
-use aot_kernels::ops::{dev, dev_mut, OpsError};
+use aot_kernels::ops::{dev, OpsError};
 use aot_kernels::registry::ModuleKind;
 use half::bf16;
 use serde::Serialize;
 
-use self::graphs::{graph_decision, GraphDecision};
 use self::weights::DeviceWeights;
 use crate::memory;
 use crate::model::{ModelConfig, Qwen3Config};
@@ -217,6 +205,7 @@ impl GpuRunner {
                 config.model_type()
             ))
         })?;
+        let model = config.describe();
         // The `cuda` modules only: the runner launches nothing else, and the Triton modules
         // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs. A fast path
         // unavailable here (the sm_90a GEMM off Hopper or under ptx-only) is left out; its
@@ -288,7 +277,6 @@ impl GpuRunner {
         let budget = options
             .kv_budget
             .unwrap_or_else(|| memory::gpu_kv_budget(free));
-        let model = ModelConfig::Qwen3(cfg.clone()).describe();
         let kv_blocks = memory::blocks_in_budget(&model, budget).min(slots * ld_bt);
         if kv_blocks == 0 {
             return Err(RunnerError::Device(format!(
@@ -349,7 +337,8 @@ impl GpuRunner {
             uploaded,
             downloaded,
             turn: 0,
-            decode_ahead: options.decode_ahead,
+            // A dropped pass ahead would have advanced recurrent state for good (see [`ahead`]).
+            decode_ahead: options.decode_ahead && !model.has_recurrent_state(),
             ahead: None,
         })
     }
@@ -391,172 +380,6 @@ impl GpuRunner {
             self.host_table[at..at + self.ld_bt].copy_from_slice(&row);
         }
         Ok(())
-    }
-
-    /// Launches one forward pass over the first `m` rows of the pass buffers; attention with
-    /// `grid_splits` splits deep, pipelined or not, its splits merged in clusters or not.
-    fn launch_forward(
-        &mut self,
-        m: usize,
-        grid_splits: usize,
-        pipelined: bool,
-        cluster: bool,
-    ) -> Result<(), OpsError> {
-        let c = &self.cfg;
-        let k = &self.k;
-        let b = &mut self.b;
-        let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let eps = c.rms_norm_eps as f32;
-        embedding(
-            k,
-            dev_mut(k, &mut b.h),
-            h,
-            Some(dev_mut(k, &mut b.ssq)),
-            dev(k, &self.w.embed),
-            v,
-            h,
-            dev(k, &inputs::tokens(&b.inputs)),
-            m,
-        )?;
-        let mut ssq_groups = 1;
-        // qkv and o_proj stage their first weights while the kernel before them (down or the
-        // embedding; attention) still runs, and attention requests its first cache blocks while
-        // qkv ends, where the GPU and image allow it (GemvOptions, AttnDecode).
-        let overlap = GemvOptions::overlap_previous(true);
-        for (l, lw) in self.w.layers.iter().enumerate() {
-            gemv_with(
-                k,
-                dev(k, &lw.qkv),
-                c.qkv_dim(),
-                h,
-                m,
-                &GemvInput::Norm {
-                    h: dev(k, &b.h),
-                    ld_h: h,
-                    ssq: dev(k, &b.ssq),
-                    ssq_groups,
-                    weight: dev(k, &lw.input_norm),
-                    eps,
-                    weight_offset: 0.0,
-                },
-                GemvOutput::Bf16 {
-                    out: dev_mut(k, &mut b.qkv),
-                    ld_out: c.qkv_dim(),
-                },
-                overlap,
-            )?;
-            attention_decode(
-                k,
-                AttnDecode {
-                    qkv: dev(k, &b.qkv),
-                    ld_qkv: c.qkv_dim(),
-                    q_norm: dev(k, &lw.q_norm),
-                    k_norm: dev(k, &lw.k_norm),
-                    eps,
-                    weight_offset: 0.0,
-                    cos_sin: dev(k, &self.rope),
-                    max_pos: self.max_pos,
-                    k_cache: dev_mut(k, &mut self.k_cache[l]),
-                    v_cache: dev_mut(k, &mut self.v_cache[l]),
-                    block_table: dev(k, &self.block_table),
-                    ld_bt: self.ld_bt,
-                    slot_of_row: dev(k, &inputs::slots(&b.inputs)),
-                    positions: dev(k, &inputs::positions(&b.inputs)),
-                    out: dev_mut(k, &mut b.attn),
-                    m,
-                    q_heads: c.num_attention_heads,
-                    kv_heads: c.num_key_value_heads,
-                    head_dim: c.head_dim,
-                    grid_splits,
-                    pipelined,
-                    cluster,
-                    // Its first cache blocks stream while qkv ends; positions, slots and the
-                    // block table are host copies, the cache's earlier positions earlier steps'.
-                    overlap_previous: true,
-                },
-                &mut AttnScratch {
-                    ws_ml: dev_mut(k, &mut b.attn_ml),
-                    ws_o: dev_mut(k, &mut b.attn_o),
-                    counters: dev_mut(k, &mut b.attn_counters),
-                },
-            )?;
-            gemv_with(
-                k,
-                dev(k, &lw.o),
-                h,
-                c.q_dim(),
-                m,
-                &GemvInput::Plain {
-                    x: dev(k, &b.attn),
-                    ld_x: c.q_dim(),
-                },
-                GemvOutput::Residual {
-                    h: dev_mut(k, &mut b.h),
-                    ld_h: h,
-                    ssq_out: dev_mut(k, &mut b.ssq),
-                },
-                overlap,
-            )?;
-            ssq_groups = residual_groups(h);
-            gemv(
-                k,
-                dev(k, &lw.gate_up),
-                2 * i,
-                h,
-                m,
-                &GemvInput::Norm {
-                    h: dev(k, &b.h),
-                    ld_h: h,
-                    ssq: dev(k, &b.ssq),
-                    ssq_groups,
-                    weight: dev(k, &lw.post_norm),
-                    eps,
-                    weight_offset: 0.0,
-                },
-                GemvOutput::SiluMul {
-                    out: dev_mut(k, &mut b.act),
-                    ld_out: i,
-                    intermediate: i,
-                },
-            )?;
-            gemv(
-                k,
-                dev(k, &lw.down),
-                h,
-                i,
-                m,
-                &GemvInput::Plain {
-                    x: dev(k, &b.act),
-                    ld_x: i,
-                },
-                GemvOutput::Residual {
-                    h: dev_mut(k, &mut b.h),
-                    ld_h: h,
-                    ssq_out: dev_mut(k, &mut b.ssq),
-                },
-            )?;
-        }
-        gemv(
-            k,
-            dev(k, self.w.lm_head()),
-            v,
-            h,
-            m,
-            &GemvInput::Norm {
-                h: dev(k, &b.h),
-                ld_h: h,
-                ssq: dev(k, &b.ssq),
-                ssq_groups,
-                weight: dev(k, &self.w.final_norm),
-                eps,
-                weight_offset: 0.0,
-            },
-            GemvOutput::F32 {
-                out: dev_mut(k, &mut b.logits),
-                ld_out: v,
-            },
-        )?;
-        b.sample(k, m, v)
     }
 
     /// Copies `rows` (at most eight) into the device's pass inputs: packed into this turn's
@@ -619,37 +442,7 @@ impl GpuRunner {
                 max_splits,
                 self.k.sm_count(),
             );
-        let key = (m, pipelined, cluster);
-        let kind = usize::from(pipelined) + 2 * usize::from(cluster);
-        let depth = if cluster { CLUSTER_SPLITS } else { MAX_SPLITS };
-        match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {
-            GraphDecision::Replay => {
-                if !self.graphs.contains_key(&key) {
-                    device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
-                    let launched = self.launch_forward(m, depth, pipelined, cluster);
-                    let graph = device::end_capture(&s);
-                    launched.map_err(ops_err)?;
-                    let graph = graph
-                        .map_err(dev_err("capturing the forward pass"))?
-                        .ok_or_else(|| {
-                            RunnerError::Device("graph capture produced no graph".into())
-                        })?;
-                    self.graphs.insert(key, graph);
-                    self.stats.graph_captures += 1;
-                }
-                self.graphs[&key]
-                    .launch()
-                    .map_err(dev_err("replaying the forward pass"))?;
-                self.stats.graph_replays += 1;
-            }
-            _ => {
-                let grid = if cluster { CLUSTER_SPLITS } else { max_splits };
-                self.launch_forward(m, grid, pipelined, cluster)
-                    .map_err(ops_err)?;
-                self.seen[m.min(MAX_TOKENS)][kind] = true;
-                self.stats.eager_passes += 1;
-            }
-        }
+        self.run_forward(m, pipelined, cluster, max_splits)?;
         let err = dev_err("reading sampled tokens");
         s.memcpy_dtoh(&self.b.sampled.slice(0..m), &mut self.sampled_host[turn])
             .map_err(&err)?;

@@ -3,12 +3,13 @@
 //! the prefill GEMM and the decode GEMV read the same buffers). Uploaded from a checkpoint, or
 //! generated on the GPU for synthetic models (the same values the CPU generator makes).
 
-use aot_kernels::device::{CudaSlice, DriverError};
+use aot_kernels::device::CudaSlice;
 use aot_kernels::dispatch::LoadedKernels;
 use aot_kernels::ops::dev_mut;
 use aot_kernels::ops::init::fill_uniform_bf16;
 use half::bf16;
 
+use super::dev_err;
 use crate::model::qwen3::{tensor_table, Qwen3Config};
 use crate::model::{Role, TensorSpec};
 use crate::runner::RunnerError;
@@ -40,10 +41,6 @@ impl DeviceWeights {
     }
 }
 
-fn device_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
-    move |e| RunnerError::Device(format!("{what}: {e}"))
-}
-
 /// Where a tensor lands inside its device buffer: the buffer's role and the row offset.
 fn placement(c: &Qwen3Config, role: Role) -> (Role, usize) {
     let h = c.head_dim;
@@ -70,7 +67,7 @@ pub fn upload(
     let s = k.stream();
     let alloc = |n: usize, what: &str| -> Result<CudaSlice<bf16>, RunnerError> {
         // SAFETY: every element is written below before any kernel reads it.
-        unsafe { s.alloc::<bf16>(n) }.map_err(device_err(what))
+        unsafe { s.alloc::<bf16>(n) }.map_err(dev_err(what))
     };
     let (hd, h, i) = (c.head_dim, c.hidden_size, c.intermediate_size);
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -104,7 +101,7 @@ pub fn upload(
         dw.bytes += spec.elements() * 2;
         progress(spec.elements() * 2);
     }
-    s.synchronize().map_err(device_err("uploading weights"))?;
+    s.synchronize().map_err(dev_err("uploading weights"))?;
     Ok(dw)
 }
 
@@ -171,7 +168,7 @@ fn fill(
             let mut sub = dst.slice_mut(offset..offset + n);
             k.stream()
                 .memcpy_htod(values.as_ref(), &mut sub)
-                .map_err(device_err(&spec.name))
+                .map_err(dev_err(&spec.name))
         }
     }
 }

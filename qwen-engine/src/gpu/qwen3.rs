@@ -1,0 +1,188 @@
+//! The dense Qwen3 forward pass on the GPU: per layer a decode pass is five launches,
+//!
+//! ```text
+//! qkv      gemv_norm  x = rmsnorm(h) -> [q; k; v]
+//! attn     attention  q/k norm, RoPE, k and v into the paged cache; split-KV over each row's blocks
+//! o_proj   gemv       h += o
+//! gate_up  gemv_norm  x = rmsnorm(h) -> silu(gate) * up
+//! down     gemv       h += down
+//! ```
+//!
+//! then `lm_head` (with the final norm) and sampling (the equations of `model::qwen3`).
+
+use aot_kernels::ops::attention::{attention_decode, AttnDecode, AttnScratch};
+use aot_kernels::ops::embedding::embedding;
+use aot_kernels::ops::gemv::{
+    gemv, gemv_with, residual_groups, GemvInput, GemvOptions, GemvOutput,
+};
+use aot_kernels::ops::{dev, dev_mut, OpsError};
+
+use super::{inputs, GpuRunner};
+
+impl GpuRunner {
+    /// Launches one forward pass over the first `m` rows of the pass buffers; attention with
+    /// `grid_splits` splits deep, pipelined or not, its splits merged in clusters or not.
+    pub(super) fn launch_forward(
+        &mut self,
+        m: usize,
+        grid_splits: usize,
+        pipelined: bool,
+        cluster: bool,
+    ) -> Result<(), OpsError> {
+        let c = &self.cfg;
+        let k = &self.k;
+        let b = &mut self.b;
+        let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        embedding(
+            k,
+            dev_mut(k, &mut b.h),
+            h,
+            Some(dev_mut(k, &mut b.ssq)),
+            dev(k, &self.w.embed),
+            v,
+            h,
+            dev(k, &inputs::tokens(&b.inputs)),
+            m,
+        )?;
+        let mut ssq_groups = 1;
+        // qkv and o_proj stage their first weights while the kernel before them (down or the
+        // embedding; attention) still runs, and attention requests its first cache blocks while
+        // qkv ends, where the GPU and image allow it (GemvOptions, AttnDecode).
+        let overlap = GemvOptions::overlap_previous(true);
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            gemv_with(
+                k,
+                dev(k, &lw.qkv),
+                c.qkv_dim(),
+                h,
+                m,
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.input_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
+                GemvOutput::Bf16 {
+                    out: dev_mut(k, &mut b.qkv),
+                    ld_out: c.qkv_dim(),
+                },
+                overlap,
+            )?;
+            attention_decode(
+                k,
+                AttnDecode {
+                    qkv: dev(k, &b.qkv),
+                    ld_qkv: c.qkv_dim(),
+                    q_norm: dev(k, &lw.q_norm),
+                    k_norm: dev(k, &lw.k_norm),
+                    eps,
+                    weight_offset: 0.0,
+                    cos_sin: dev(k, &self.rope),
+                    max_pos: self.max_pos,
+                    k_cache: dev_mut(k, &mut self.k_cache[l]),
+                    v_cache: dev_mut(k, &mut self.v_cache[l]),
+                    block_table: dev(k, &self.block_table),
+                    ld_bt: self.ld_bt,
+                    slot_of_row: dev(k, &inputs::slots(&b.inputs)),
+                    positions: dev(k, &inputs::positions(&b.inputs)),
+                    out: dev_mut(k, &mut b.attn),
+                    m,
+                    q_heads: c.num_attention_heads,
+                    kv_heads: c.num_key_value_heads,
+                    head_dim: c.head_dim,
+                    grid_splits,
+                    pipelined,
+                    cluster,
+                    // Its first cache blocks stream while qkv ends; positions, slots and the
+                    // block table are host copies, the cache's earlier positions earlier steps'.
+                    overlap_previous: true,
+                },
+                &mut AttnScratch {
+                    ws_ml: dev_mut(k, &mut b.attn_ml),
+                    ws_o: dev_mut(k, &mut b.attn_o),
+                    counters: dev_mut(k, &mut b.attn_counters),
+                },
+            )?;
+            gemv_with(
+                k,
+                dev(k, &lw.o),
+                h,
+                c.q_dim(),
+                m,
+                &GemvInput::Plain {
+                    x: dev(k, &b.attn),
+                    ld_x: c.q_dim(),
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
+                overlap,
+            )?;
+            ssq_groups = residual_groups(h);
+            gemv(
+                k,
+                dev(k, &lw.gate_up),
+                2 * i,
+                h,
+                m,
+                &GemvInput::Norm {
+                    h: dev(k, &b.h),
+                    ld_h: h,
+                    ssq: dev(k, &b.ssq),
+                    ssq_groups,
+                    weight: dev(k, &lw.post_norm),
+                    eps,
+                    weight_offset: 0.0,
+                },
+                GemvOutput::SiluMul {
+                    out: dev_mut(k, &mut b.act),
+                    ld_out: i,
+                    intermediate: i,
+                },
+            )?;
+            gemv(
+                k,
+                dev(k, &lw.down),
+                h,
+                i,
+                m,
+                &GemvInput::Plain {
+                    x: dev(k, &b.act),
+                    ld_x: i,
+                },
+                GemvOutput::Residual {
+                    h: dev_mut(k, &mut b.h),
+                    ld_h: h,
+                    ssq_out: dev_mut(k, &mut b.ssq),
+                },
+            )?;
+        }
+        gemv(
+            k,
+            dev(k, self.w.lm_head()),
+            v,
+            h,
+            m,
+            &GemvInput::Norm {
+                h: dev(k, &b.h),
+                ld_h: h,
+                ssq: dev(k, &b.ssq),
+                ssq_groups,
+                weight: dev(k, &self.w.final_norm),
+                eps,
+                weight_offset: 0.0,
+            },
+            GemvOutput::F32 {
+                out: dev_mut(k, &mut b.logits),
+                ld_out: v,
+            },
+        )?;
+        b.sample(k, m, v)
+    }
+}
