@@ -1,7 +1,8 @@
 # Entry points for people and CI. Every target installs what it needs first (idempotent).
 #   make run    build the kernels for every target, verify the built binaries against the lock,
-#               show this machine's dispatch plan (and load report on a GPU), and decode with the
-#               built-in tiny model (on the GPU if there is one, else on the CPU reference engine)
+#               show this machine's dispatch plan (and load report on a GPU), and decode with
+#               tiny-en, the small model trained on Shakespeare in models/tiny-en (on the GPU if
+#               there is one, else on the CPU reference engine)
 #   make test   the whole test suite (what CI runs), the doc-link check included
 #   make docs-check  every relative link and anchor of README.md and docs/ resolves; no source cites a
 #               document outside the repository (scripts/check-docs.py, python3 only, no build)
@@ -30,7 +31,7 @@ run: verify
 	$(RELEASE)/qwen-decode kernels --simulate 11.0 --integrated --driver 13.0
 	$(RELEASE)/qwen-decode kernels --simulate 8.7 --integrated --driver 12.6
 	$(RELEASE)/qwen-decode kernels --simulate 9.0 --driver 12.4
-	$(RELEASE)/qwen-decode run --model tiny --prompt "Ahead-of-time kernels for every GPU:" --max-new-tokens 48
+	$(RELEASE)/qwen-decode run --model tiny-en --prompt $$'HAMLET:\nTo be, or not to be' --max-new-tokens 200
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -12,7 +12,7 @@ use crate::weights::Weights;
 /// A model folder that cannot be served; each variant's message names the file and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path} is not a folder: a model is a Hugging Face folder (config.json, model.safetensors or its shards, tokenizer.json) or a built-in name (tiny, qwen3-4b, tiny-moe, qwen3.6-35b-a3b)")]
+    #[error("{path} is not a folder: a model is a Hugging Face folder (config.json, model.safetensors or its shards, tokenizer.json) or a built-in name (tiny-en, tiny, qwen3-4b, tiny-moe, qwen3.6-35b-a3b)")]
     NotAFolder { path: String },
     #[error("{dir} has no config.json: download the whole model folder (e.g. `huggingface-cli download Qwen/Qwen3-4B --local-dir {dir}`), not only its weights")]
     MissingConfig { dir: String },

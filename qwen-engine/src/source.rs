@@ -1,9 +1,10 @@
-//! Naming a model on the command line: a Hugging Face folder, or a built-in synthetic model whose
-//! seeded weights are generated where they run: `tiny` (small dense shapes and a byte
+//! Naming a model on the command line: a Hugging Face folder, the trained `tiny-en` (the folder
+//! `models/tiny-en` of this repository), or a built-in synthetic model whose seeded weights are
+//! generated where they run: `tiny` (small dense shapes and a byte
 //! tokenizer), `qwen3-4b` (the real Qwen3-4B shapes), `tiny-moe` (small hybrid shapes, a byte
 //! tokenizer) and `qwen3.6-35b-a3b` (the real Qwen3.6-35B-A3B shapes).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::load::{load_model_dir, LoadError};
 use crate::model::{ModelConfig, Qwen35MoeConfig, Qwen3Config};
@@ -13,7 +14,7 @@ use crate::weights::Weights;
 /// A model ready to be put on a device.
 #[derive(Debug)]
 pub struct ModelSource {
-    /// What the user named (`tiny`, `qwen3-4b`, or the folder).
+    /// What the user named (`tiny-en`, `tiny`, `qwen3-4b`, ..., or the folder).
     pub name: String,
     pub config: ModelConfig,
     pub weights: Weights,
@@ -21,7 +22,13 @@ pub struct ModelSource {
 }
 
 /// Built-in model names.
-pub const BUILTIN: [&str; 4] = ["tiny", "qwen3-4b", "tiny-moe", "qwen3.6-35b-a3b"];
+pub const BUILTIN: [&str; 5] = ["tiny-en", "tiny", "qwen3-4b", "tiny-moe", "qwen3.6-35b-a3b"];
+
+/// The folder of `tiny-en`: a byte-level Qwen3 trained on Shakespeare's plays by
+/// `scripts/train-tiny.py` (its record is `train-record.json` there), committed with the source.
+pub fn tiny_en_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-en")
+}
 
 /// Resolves `spec`: a built-in name (synthetic weights from `seed`) or a model folder.
 pub fn open_model(spec: &str, seed: u64) -> Result<ModelSource, LoadError> {
@@ -32,6 +39,15 @@ pub fn open_model(spec: &str, seed: u64) -> Result<ModelSource, LoadError> {
         tokenizer,
     };
     match spec {
+        "tiny-en" => {
+            let (config, weights, tokenizer) = load_model_dir(&tiny_en_dir())?;
+            Ok(ModelSource {
+                name: spec.to_string(),
+                config,
+                weights,
+                tokenizer,
+            })
+        }
         "tiny" => Ok(synthetic(
             ModelConfig::Qwen3(Qwen3Config::tiny()),
             Tokenizer::Bytes,

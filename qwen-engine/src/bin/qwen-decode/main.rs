@@ -1,7 +1,7 @@
 //! `qwen-decode`: Qwen decode on the aot-kernels backend.
 //!
-//! - `qwen-decode run --model DIR|tiny|qwen3-4b --prompt TEXT ...` decodes, streaming tokens as
-//!   they are made (on the GPU if there is one, else on the CPU reference engine).
+//! - `qwen-decode run --model DIR|tiny-en|tiny|qwen3-4b --prompt TEXT ...` decodes, streaming
+//!   tokens as they are made (on the GPU if there is one, else on the CPU reference engine).
 //! - `qwen-decode kernels` shows the embedded kernel registry and the dispatch plan of this
 //!   machine (and loads it, reporting what the driver runs); `--simulate X.Y [--integrated]
 //!   --driver X.Y` shows the plan of any other device without a GPU.
@@ -48,7 +48,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Decode with a model: a Hugging Face folder, or the built-in `tiny` / `qwen3-4b` (synthetic weights).
+    /// Decode with a model: a Hugging Face folder, the trained `tiny-en`, or `tiny` / `qwen3-4b` (synthetic weights).
     Run(run::RunArgs),
     /// Benchmark decode on the GPU: inputs x concurrency, against the measured bandwidth limit.
     Bench(bench::BenchArgs),

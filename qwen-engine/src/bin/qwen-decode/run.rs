@@ -26,9 +26,10 @@ pub enum DeviceArg {
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// A Hugging Face model folder, or `tiny` (built-in small model) or `qwen3-4b` (Qwen3-4B shapes,
-    /// synthetic weights).
-    #[arg(long, default_value = "tiny")]
+    /// A Hugging Face model folder, `tiny-en` (a small byte-level model trained on Shakespeare,
+    /// models/tiny-en), `tiny` (small shapes, seeded random weights: for tests and benches) or
+    /// `qwen3-4b` (Qwen3-4B shapes, synthetic weights).
+    #[arg(long, default_value = "tiny-en")]
     model: String,
     /// Prompt text (through the model's tokenizer.json; `tiny` uses bytes).
     #[arg(long, conflicts_with = "prompt_ids")]
