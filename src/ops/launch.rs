@@ -112,8 +112,8 @@ pub const LAUNCHED_ENTRIES: &[(&str, &str)] = &[
         super::attention_prefill::ENTRY_D256,
     ),
     (super::sampling::MODULE, super::sampling::ENTRY),
-    (super::bench::MODULE, super::bench::ENTRY),
-    (super::bench::MODULE, super::bench::ENTRY_BULK),
+    (super::stream_read::MODULE, super::stream_read::ENTRY),
+    (super::stream_read::MODULE, super::stream_read::ENTRY_BULK),
     (
         super::gated_delta_net::MODULE_CONV,
         super::gated_delta_net::ENTRY_CONV,

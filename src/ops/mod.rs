@@ -7,7 +7,6 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_prefill;
-pub mod bench;
 pub mod compare;
 pub mod embedding;
 pub mod gated_delta_net;
@@ -22,6 +21,7 @@ pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
 pub mod sampling;
+pub mod stream_read;
 pub mod triton;
 
 pub use launch::{dev, dev_mut, DevMut, DevRef, OpsError, LAUNCHED_ENTRIES};
