@@ -55,6 +55,22 @@ pub const CLUSTER_ENTRIES: [&str; 12] = [
     "attn_decode_d256_g4_cl",
     "attn_decode_d256_g8_cl",
 ];
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]): every
+/// entry of [`ENTRIES`] and [`CLUSTER_ENTRIES`].
+pub const LAUNCHED: &[(&str, &str)] = &LAUNCHED_ALL;
+const LAUNCHED_ALL: [(&str, &str); ENTRIES.len() + CLUSTER_ENTRIES.len()] = {
+    let mut all = [(MODULE, ""); ENTRIES.len() + CLUSTER_ENTRIES.len()];
+    let mut i = 0;
+    while i < ENTRIES.len() {
+        all[i].1 = ENTRIES[i];
+        i += 1;
+    }
+    while i < all.len() {
+        all[i].1 = CLUSTER_ENTRIES[i - ENTRIES.len()];
+        i += 1;
+    }
+    all
+};
 /// Splits of one sequence a cluster launch holds: its grid depth and cluster depth (the portable
 /// cluster size). Sequences of more splits need the workspace merge.
 pub const CLUSTER_SPLITS: usize = 8;

@@ -26,6 +26,16 @@ pub const ENTRY_NARROW_NORM: &str = "gemv_narrow_norm_bf16";
 /// `griddepcontrol.wait` (see [`GemvOptions::overlap_previous`]).
 pub const ENTRY_NARROW_STAGED: &str = "gemv_narrow_staged_bf16";
 pub const ENTRY_NARROW_NORM_STAGED: &str = "gemv_narrow_norm_staged_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE, ENTRY_PLAIN),
+    (MODULE, ENTRY_NORM),
+    (MODULE, ENTRY_NORM_ROWS),
+    (MODULE, ENTRY_NARROW_PLAIN),
+    (MODULE, ENTRY_NARROW_NORM),
+    (MODULE, ENTRY_NARROW_STAGED),
+    (MODULE, ENTRY_NARROW_NORM_STAGED),
+];
 
 /// Weight rows per tile (one mma tile) and per epilogue group.
 pub const TILE_ROWS: usize = 16;

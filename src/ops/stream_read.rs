@@ -11,6 +11,8 @@ pub const MODULE: &str = "bench";
 pub const ENTRY: &str = "stream_read_u32";
 /// The bulk-copy reader ([`Reader::Bulk`]).
 pub const ENTRY_BULK: &str = "stream_read_bulk_u32";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY), (MODULE, ENTRY_BULK)];
 const THREADS: u32 = 512;
 /// The bulk reader's launch, as the kernel declares it (kBulkThreads, kBulkStages, kBulkChunk in
 /// kernels/bench/stream_read.cu): one producer warp and four consumer warps, a ring of four 16 KiB
