@@ -1730,7 +1730,7 @@ fn gpu_stream_read_reads_every_word() {
     // (each block's ring of four slots then taken more than twice over, every parity used). The
     // bulk reader folds its last block's tail with loads, and under ptx-only (compute_80 PTX)
     // folds everything with loads.
-    use aot_kernels::ops::bench::{stream_read, xor_reference, Reader};
+    use aot_kernels::ops::stream_read::{stream_read, xor_reference, Reader};
     let mut rng = seed("stream_read");
     let d = device();
     for policy in [Policy::Auto, Policy::PtxOnly] {

@@ -1,4 +1,5 @@
-//! Fatbin containers and their entries (layout: docs/fatbin-format.md section 1).
+//! Fatbin containers and their entries (layout: docs/fatbin-format.md section 1), and the two
+//! facts an entry header gives every image: its kind and its compression.
 //!
 //! A container is a 16-byte header plus a run of entries; an entry is a header of at least
 //! 0x40 bytes plus a padded payload. Nothing here copies the input: entries borrow their
@@ -6,9 +7,10 @@
 
 use std::borrow::Cow;
 
+use serde::Serialize;
+
 use crate::decompress::{self, Budget};
 use crate::error::Error;
-use crate::image::{Compression, ImageKind};
 use crate::read::{bytes_at, offset_add, u16_at, u32_at, u64_at};
 use crate::target::{Target, Variant};
 
@@ -115,6 +117,57 @@ pub struct Container {
     pub body_size: u64,
     /// One past the last byte of the container.
     pub end: usize,
+}
+
+/// What an image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageKind {
+    Ptx,
+    /// A cubin (SASS in a CUDA ELF).
+    Elf,
+    LtoIr,
+    RelocatablePtx,
+    /// A kind code this parser does not know, kept so nothing is silently dropped.
+    Unknown(u16),
+}
+
+impl ImageKind {
+    /// The fatbin entry kind code (offset 0x00 of the entry header).
+    pub fn from_code(code: u16) -> Self {
+        match code {
+            1 => ImageKind::Ptx,
+            2 => ImageKind::Elf,
+            8 => ImageKind::LtoIr,
+            0x40 => ImageKind::RelocatablePtx,
+            other => ImageKind::Unknown(other),
+        }
+    }
+
+    /// Short lowercase name: `ptx`, `elf`, `lto-ir`, `rel-ptx`, `kind-0x5`.
+    pub fn name(&self) -> String {
+        match self {
+            ImageKind::Ptx => "ptx".into(),
+            ImageKind::Elf => "elf".into(),
+            ImageKind::LtoIr => "lto-ir".into(),
+            ImageKind::RelocatablePtx => "rel-ptx".into(),
+            ImageKind::Unknown(code) => format!("kind-{code:#x}"),
+        }
+    }
+
+    /// PTX text (plain or relocatable), whose identity is the text up to its NUL.
+    pub(crate) fn is_ptx_text(&self) -> bool {
+        matches!(self, ImageKind::Ptx | ImageKind::RelocatablePtx)
+    }
+}
+
+/// How an image's payload is stored in its fatbin entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    None,
+    Zstd,
+    Lz4,
 }
 
 /// One entry of a container, borrowing its payload from the input.

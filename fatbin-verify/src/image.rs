@@ -11,61 +11,11 @@ use sha2::{Digest, Sha256};
 use crate::cubin;
 use crate::decompress::{Budget, Limits};
 use crate::error::Error;
-use crate::fatbin::{self, Container, Entry};
+use crate::fatbin::{self, Compression, Container, Entry, ImageKind};
 use crate::host::{self, InputFormat, Place};
 use crate::ptx;
 use crate::target::{Target, Variant};
 use crate::toolkit::{self, CudaRelease};
-
-/// What an image holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ImageKind {
-    Ptx,
-    /// A cubin (SASS in a CUDA ELF).
-    Elf,
-    LtoIr,
-    RelocatablePtx,
-    /// A kind code this parser does not know, kept so nothing is silently dropped.
-    Unknown(u16),
-}
-
-impl ImageKind {
-    /// The fatbin entry kind code (offset 0x00 of the entry header).
-    pub fn from_code(code: u16) -> Self {
-        match code {
-            1 => ImageKind::Ptx,
-            2 => ImageKind::Elf,
-            8 => ImageKind::LtoIr,
-            0x40 => ImageKind::RelocatablePtx,
-            other => ImageKind::Unknown(other),
-        }
-    }
-
-    /// Short lowercase name: `ptx`, `elf`, `lto-ir`, `rel-ptx`, `kind-0x5`.
-    pub fn name(&self) -> String {
-        match self {
-            ImageKind::Ptx => "ptx".into(),
-            ImageKind::Elf => "elf".into(),
-            ImageKind::LtoIr => "lto-ir".into(),
-            ImageKind::RelocatablePtx => "rel-ptx".into(),
-            ImageKind::Unknown(code) => format!("kind-{code:#x}"),
-        }
-    }
-
-    fn is_ptx_text(&self) -> bool {
-        matches!(self, ImageKind::Ptx | ImageKind::RelocatablePtx)
-    }
-}
-
-/// How an image's payload is stored in its fatbin entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Compression {
-    None,
-    Zstd,
-    Lz4,
-}
 
 /// Where an image was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]

@@ -24,9 +24,10 @@ pub mod verify;
 
 pub use decompress::Limits;
 pub use error::Error;
+pub use fatbin::{Compression, ImageKind};
 pub use image::{
     describe_source, image_bytes, image_bytes_with_limits, list_images, list_images_with_limits,
-    sha256_hex, Compression, ImageInfo, ImageKind, ImageSource,
+    sha256_hex, ImageInfo, ImageSource,
 };
 pub use target::{Target, Variant};
 pub use toolkit::CudaRelease;

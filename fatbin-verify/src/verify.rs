@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::image::{describe_source, sha256_hex, ImageInfo, ImageKind};
+use crate::fatbin::ImageKind;
+use crate::image::{describe_source, sha256_hex, ImageInfo};
 use crate::lock::Lock;
 use crate::manifest::{Manifest, Module};
 use crate::target::Target;

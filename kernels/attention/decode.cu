@@ -8,22 +8,19 @@
 //
 // Grid (kv_heads, rows, max_splits); a block reads the K and V of one KV head once for all the
 // query heads that share it. Entries `_g2`, `_g4`, `_g8` are built for that many query heads per
-// KV head: the per-head loops then have fixed trip counts, which on the H200 took 35-40% off the
-// kernel (Qwen3-4B, group 4); the plain entries take any group up to 8.
+// KV head: the per-head loops then have fixed trip counts, so the compiler unrolls them and keeps
+// every head's state in registers; the plain entries take any group up to 8.
 //
 // At head dimension 64 and 128 each warp requests its first cache block before it prepares the
 // query, and, launched programmatically where the caller allows it (`cache_before_wait`), before
-// it waits for the qkv projection (so that the block streams while that kernel ends: on the H200
-// the step 0.8-3.1% shorter); the pipelined entries request its first two cache blocks there,
-// into two register sets taken in turn, and then keep the next block streaming while they score
-// the current one (the second block early: on the H200 attention at one row took 6.5 instead of
-// 8.0 us at 1088 tokens and 4.1 instead of 4.4 at 80, at eight rows of 300 tokens 9.1 instead of
-// 10.2; requested after the wait, it gained about half of that).
+// it waits for the qkv projection (so that the block streams while that kernel ends); the
+// pipelined entries request its first two cache blocks there, into two register sets taken in
+// turn, and then keep the next block streaming while they score the current one, so that a
+// split's time is its stream's, not a round trip per block.
 // That holds two blocks' keys and values in registers (about 230 at 128: two blocks an SM), which
 // pays when the busy blocks of a launch fit in one wave; the `_np` entries load each later block
-// and then score it (held to 128 registers: four blocks an SM), which pays
-// when there are more (on the H200, Qwen3-4B at 8 rows and 1088 tokens: 25.0 instead of 28.8 us;
-// at 8 rows and 80 tokens 7.9 instead of 7.2). Both compute the same sums in the same order: the same bits.
+// and then score it (held to 128 registers: four blocks an SM), which pays when there are more.
+// Both compute the same sums in the same order: the same bits.
 // `attn_pipelined` in src/ops/attention.rs picks.
 //
 // A sequence's context is cut into `attn_splits(ctx)` ranges of whole 16-token cache blocks (a
@@ -38,8 +35,8 @@
 //
 // The `_cl` entries (sm_90+; the host launches them only from sm_90+ images, grid depth 8) run a
 // sequence's splits as one thread-block cluster and merge them through distributed shared memory
-// instead of the workspace (cluster_merge), the same bits; small launches only: on the H200 one
-// row of 1088 tokens took 9.2 instead of 11.0 us, while eight rows lost (23.2 against 17.9 us).
+// instead of the workspace (cluster_merge), the same bits; small launches only: clusters are placed
+// within a GPC, and a short sequence's idle blocks hold their places until the merge.
 //
 // Cache layout per layer: [blocks][kv_heads][16][d] bf16 for K and for V.
 #include "aot_common.cuh"
@@ -63,10 +60,8 @@ constexpr int kMaxSplits = 32;
 constexpr int kClusterSplits = 8;
 static_assert(kClusterSplits <= kMaxSplits, "a cluster launch holds every split of its sequences");
 // Fewer, longer splits: a split's warps stream their cache blocks two deep (the pipelined entries), while
-// every extra split costs the merge's round trips (64 measured slower at every context on the H200).
-// The count is ctx / 128 rounded down: eight rows of 1089 tokens and 8 KV heads make 512 blocks, one
-// wave of the unpipelined entry's four an SM on the H200, where rounding up made 576 (attention
-// 25.1 -> 19.8 us a layer, the engine's i1024 c8 +4.8%).
+// every extra split costs the merge's round trips. The count is ctx / 128 rounded down, so that a
+// full batch's blocks still fit one wave (rounding up spilled eight rows of 1089 tokens into a second).
 constexpr int kTokensPerSplitMin = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -92,8 +87,7 @@ struct AttnDecodeParams {
     // 1 (set only for a programmatic launch whose caller allows it, AttnDecode::overlap_previous):
     // the warps read the block table and request their first cache blocks before the wait for
     // qkv, and the query after it; 0: the query first, its round trip ahead of the cache blocks'
-    // (on the H200 without programmatic launch the other order cost 0.3-1.3% of the engine's
-    // decode).
+    // (without programmatic launch nothing overlaps the wait, and the other order only delays the query).
     int cache_before_wait;
 };
 
@@ -627,11 +621,8 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
     __threadfence();
     // The last block merges the splits. Every load it needs goes out before any is used: thread
     // tid takes elements (head, dim) = tid, tid + 128, ... and requests its first kChunk splits' o
-    // partials, threads below the group size every split's (max, sum) pair, all in one round trip.
-    // (Loaded as they were used, the pairs, the sums and each element's o partials were a chain
-    // of about seven L2 round trips after the counter: at one row, three splits of 100 tokens took
-    // 11.2 us against 5.9 for one split of 81. Requested together, on the H200: 10.4 us there;
-    // 12.9 -> 11.1 us at one row of 1088 tokens, 19.8 -> 17.9 at eight rows, the same bits.)
+    // partials, threads below the group size every split's (max, sum) pair, all in one round trip
+    // (loaded as they were used, they made a chain of about seven L2 round trips after the counter).
     constexpr int kElems = ((G > 0 ? G : kMaxGroup) * D + kThreads - 1) / kThreads;
     constexpr int kChunk = kElems > 4 ? 2 : 8;  // splits per round of o loads (registers: kElems x kChunk)
     const int elems = group * D;

@@ -48,17 +48,16 @@ extern "C" __global__ void __launch_bounds__(512) stream_read_u32(const uint4* _
     aot_stream::write_block_fold(aot_stream::fold_loads(data, words16), scratch, block_xor);
 }
 
-// The same read through the Tensor Memory Accelerator (sm_90 and later). On the H200 it reads
-// faster than the loads above: 4.52-4.57 TB/s against 4.18-4.27 over 778 MB (a probe of both,
-// bench/gpu-runs/20261202T073000Z-nvidia-h200-bulk-read/), so a limit measured only with loads
-// would understate what the memory allows. The benchmark times both and takes the faster.
+// The same read through the Tensor Memory Accelerator (sm_90 and later). Where it reads faster
+// than the loads above, a limit measured only with loads would understate what the memory allows:
+// the benchmark times both and takes the faster.
 //
 // Each block takes a contiguous run of kBulkChunk-byte chunks. Warp 0's first lane copies them
 // into a ring of kBulkStages slots (cp.async.bulk, completed on the slot's `full` barrier); the
 // other warps fold each slot into their XOR and release it on its `empty` barrier. The bytes past
 // the last whole chunk are folded by the last block's consumers with loads. Compiled for an older
 // target (or the compute_80 PTX) the kernel folds everything with loads instead, the same result.
-// The launch: `Reader::Bulk` in src/ops/bench.rs (aot_stream::kBulkThreads threads, kBulkStages *
+// The launch: `Reader::Bulk` in src/ops/stream_read.rs (aot_stream::kBulkThreads threads, kBulkStages *
 // kBulkChunk bytes of dynamic shared memory, twice as many blocks as SMs: two an SM where they
 // fit, as on the H200; on a 100 KiB SM one at a time).
 extern "C" __global__ void __launch_bounds__(aot_stream::kBulkThreads)

@@ -14,7 +14,7 @@
 //           a last odd one with all eight; a tile's warps split K, then add their partial sums in
 //           shared memory in warp order. (Pairs: a block with two tiles streams each warp's 20
 //           chunks of qkv in three rounds of loads instead of four, and pays one barrier and
-//           reduction instead of two: qkv 13.7 -> 12.3 us at one token on the H200.)
+//           reduction instead of two.)
 // Staged (the `_staged` narrow entries, for launches the host lets overlap the kernel before them
 // with programmatic dependent launch): before its pdl_wait every lane copies its first weight
 // chunks (kStagePlain or kStageNorm of 32 elements, both row halves) into a lane-private slot of
@@ -22,9 +22,8 @@
 // warp's first batch then takes them from there. Weights are never written by a kernel the
 // decode step runs, so reading them before the wait is safe (src/ops/gemv.rs states the contract).
 // The same chunks in the same order: the staged entries compute the same bits as the plain ones.
-// On the H200 (decode-chain, one row, 80 tokens) qkv took 11.4 instead of 12.4 us and o_proj 7.3
-// instead of 8.5; staging without the overlap, or in gate_up and down, lost (the stage's shared
-// memory takes L1 that the streaming loads use: down 15.2 -> 17.8 us).
+// Only qkv and o_proj stage, and only overlapped: otherwise the stage's shared memory takes L1
+// that the streaming loads use and costs more than it hides.
 // Either way a result is complete inside one warp or one block: no workspace, no atomics, and the
 // order of every sum is fixed by the launch layout (the shapes and the SM count: whether a narrow
 // tile is split four or eight ways depends on the block count), never by timing. A token's result
@@ -270,8 +269,7 @@ __device__ __forceinline__ void norm_scales(const GemvParams& p, Shared& s) {
     const int warp = threadIdx.x >> 5;
     // Warp r sums token r's group sums: each lane a strided share (all its loads in flight
     // together), then the lanes in a fixed butterfly. One thread looping over the groups (160
-    // for Qwen3-4B) was a chain of L2 round trips before any weight streamed: on the H200 it
-    // cost 2.9 us of qkv's 18.7 and 1.1 of gate_up's 29.8 at one token.
+    // for Qwen3-4B) was a chain of L2 round trips before any weight streamed.
     if (warp < p.m) {
         float sum = 0.0f;
 #pragma unroll 8
@@ -296,10 +294,9 @@ __device__ __forceinline__ uint4 norm8(const uint4& h, const float (&w)[8], floa
 //   all rows (kAllRows true): a thread takes chunks tid and tid + 256 of every row, all of them
 //     requested before the scales are read (one norm-weight load per chunk for all rows). At
 //     eight rows that is one L2 round trip where the passes took three, and the requests overlap
-//     the sums: on the H200 qkv took 15.5 instead of 17.0 us at eight rows, the same 13.8 at one.
-//     The narrow kernel always takes it; the wide one (gate_up, lm_head) only from
-//     `NORM_ALL_ROWS_MIN` rows (src/ops/gemv.rs), because there the extra registers (128, as
-//     first built, instead of 100) cost gate_up 0.6 us at one row for 0.6 gained at eight.
+//     the sums. The narrow kernel always takes it; the wide one (gate_up, lm_head) only from
+//     `NORM_ALL_ROWS_MIN` rows (src/ops/gemv.rs), because at one row its extra registers cost
+//     the wide kernel as much as the fewer round trips gain at eight.
 // Both build the same x, element for element: which one ran never shows in the result.
 template <bool kAllRows>
 __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __nv_bfloat16* x_smem, int x_stride) {
@@ -499,8 +496,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) gemv_narrow_norm_stage
 }
 // The wide kernel with the all-rows prologue, for batches of NORM_ALL_ROWS_MIN rows and more.
 // Held to 112 registers (two blocks an SM either way; __maxnreg__ replaces __launch_bounds__, the
-// two cannot go together): on the H200 gate_up took 29.9-30.0 instead of 30.8-31.0 us at eight
-// rows, 29.0 instead of 29.8 at four, the same bits; 120 registers changed nothing.
+// two cannot go together): the tighter allocation measured faster at four and eight rows, the same bits.
 extern "C" __global__ void __maxnreg__(112) gemv_norm_rows_bf16(const GemvParams p) {
     gemv_body<true, false, true>(p);
 }

@@ -60,9 +60,8 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); 
 // bf16 -> fp32, exact: the 16 bits become the high half of the word, by the `mov.b32 {0, x}` that
 // cuda_bf16.hpp uses for sm_80. Kernels widen bf16 with these, never with __bfloat162float,
 // __bfloat1622float2, __low2float or __high2float: for sm_90 and later the header builds those
-// from cvt.f32.bf16, and nvcc 13.0's SASS of that ran the norm GEMVs slower on the H200 (qkv 14.1
-// -> 13.4 us, gate_up 30.0 -> 29.5 at eight rows, 1.3% of the step), as did a C++ shift of the same
-// bits (README.md, "Results on the H200"). tests/kernel_sources.rs keeps them out.
+// from cvt.f32.bf16, and nvcc 13.0's SASS of that ran the norm GEMVs slower on the H200, as did a
+// C++ shift of the same bits. tests/kernel_sources.rs keeps them out.
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
     float f;
     asm("{ mov.b32 %0, {0, %1}; }" : "=f"(f) : "h"(__bfloat16_as_ushort(v)));

@@ -19,9 +19,7 @@
 // memory, and every later pass (the digits, the tie scans, the draw) runs over them instead of the
 // row, with the same thresholds and the same token (src/ops/sampling.rs, `threshold_model`, checks
 // that on the CPU). Otherwise (no top-k, or a flat row) the passes run over the whole row: there
-// the gather measured as a pass that pays for nothing (temperature 0.7 alone: 121 -> 178 us at 8
-// rows on the H200). At 8 x 151,936 logits of a trained model's shape, Qwen3's settings (top-k 20,
-// top-p 0.95 or 0.8) took 500 us over the row and about 200 over the candidates.
+// the gather would be one more pass that nothing after it gets back.
 //
 // Row passes re-read the row (it stays in L2) and recompute s = l / temperature and the key, the
 // same fp32 operations each time; in the maximum and the mass sums each thread keeps kLoads loads
@@ -276,9 +274,8 @@ __device__ __forceinline__ uint32_t max_key4(const float4& v) {
 // kDepth at a time (one block streams the row from L2, so loads in flight are what its time is
 // made of), keeps the largest key and the first quad that holds it, then finds the key's first
 // lane in that quad; the scalar tail (and an unaligned row) go element by element. A maximum in
-// any order is the same: the token does not depend on how the row was cut.
-// (Element by element with a 64-bit word each, the whole row took 21 us at 151,936 logits on the
-// H200.)
+// any order is the same: the token does not depend on how the row was cut. (Element by element,
+// a 64-bit word each, the row is mostly latency: one block has too few loads in flight.)
 __device__ int greedy_token(const float* l, int vocab, uint64_t* scratch) {
     constexpr int kDepth = 8;
     uint64_t best = 0;

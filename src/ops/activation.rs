@@ -8,6 +8,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "activation";
 pub const ENTRY: &str = "silu_and_mul_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// Threads per block; each thread handles 8 outputs.
 const THREADS: usize = 256;

@@ -55,6 +55,22 @@ pub const CLUSTER_ENTRIES: [&str; 12] = [
     "attn_decode_d256_g4_cl",
     "attn_decode_d256_g8_cl",
 ];
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]): every
+/// entry of [`ENTRIES`] and [`CLUSTER_ENTRIES`].
+pub const LAUNCHED: &[(&str, &str)] = &LAUNCHED_ALL;
+const LAUNCHED_ALL: [(&str, &str); ENTRIES.len() + CLUSTER_ENTRIES.len()] = {
+    let mut all = [(MODULE, ""); ENTRIES.len() + CLUSTER_ENTRIES.len()];
+    let mut i = 0;
+    while i < ENTRIES.len() {
+        all[i].1 = ENTRIES[i];
+        i += 1;
+    }
+    while i < all.len() {
+        all[i].1 = CLUSTER_ENTRIES[i - ENTRIES.len()];
+        i += 1;
+    }
+    all
+};
 /// Splits of one sequence a cluster launch holds: its grid depth and cluster depth (the portable
 /// cluster size). Sequences of more splits need the workspace merge.
 pub const CLUSTER_SPLITS: usize = 8;
@@ -184,11 +200,9 @@ fn entry_cluster_fits(kernels: &LoadedKernels, entry: &str, d: usize) -> bool {
 /// Whether a pass should merge its splits in thread-block clusters (the `_cl` entries, through
 /// distributed shared memory) rather than through the workspace: the longest sequence has 2 to
 /// [`CLUSTER_SPLITS`] splits, and the launch's blocks (`kv_heads` x `rows` x [`CLUSTER_SPLITS`])
-/// take at most half the SMs. Measured on the H200 (decode-chain, Qwen3-4B, 8 KV heads): one row
-/// (64 blocks) took 9.2 instead of 11.0 us at 1088 tokens and 8.9 instead of 10.3 at 300; eight
-/// rows (512 blocks) 23.2 instead of 17.9 at 1088 and 26.3 instead of 12.3 at 300 (clusters of
-/// eight are placed within a GPC, and a short sequence's idle blocks hold their places until the
-/// merge). The caller also needs [`cluster_fits`]. Both merges give the same bits.
+/// take at most half the SMs: larger launches lose, because clusters of eight are placed within a
+/// GPC and a short sequence's idle blocks hold their places until the merge. The caller also needs
+/// [`cluster_fits`]. Both merges give the same bits.
 pub fn attn_cluster(kv_heads: usize, rows: usize, max_splits: usize, sm_count: usize) -> bool {
     (2..=CLUSTER_SPLITS).contains(&max_splits) && 2 * kv_heads * rows * CLUSTER_SPLITS <= sm_count
 }
@@ -197,10 +211,8 @@ pub fn attn_cluster(kv_heads: usize, rows: usize, max_splits: usize, sm_count: u
 /// while it scores the current one, holding two blocks in registers, so an SM runs two thread
 /// blocks instead of four. That pays while the launch's busy blocks (`kv_heads` x the splits of
 /// all its rows, `busy_splits`) fit in one wave of two an SM; past that, occupancy hides the
-/// latency better (H200, Qwen3-4B: 8 rows at 80 tokens, 64 busy blocks, 7.2 us pipelined and 7.9
-/// not; 8 rows at 1088 tokens, 576 busy blocks, 28.8 us pipelined and 25.0 not). The threshold
-/// was measured at head dimension 128; head dimension 256 has one kind (never pipelined), so the
-/// answer there is always `false`. Both kinds give the same bits.
+/// latency better. The threshold was measured at head dimension 128; head dimension 256 has one
+/// kind (never pipelined), so the answer there is always `false`. Both kinds give the same bits.
 pub fn attn_pipelined(
     head_dim: usize,
     kv_heads: usize,
@@ -290,11 +302,8 @@ pub struct AttnDecode<'a> {
     /// the next start early): copy those inputs from the host, or write them with a kernel
     /// followed by at least one launch that is not programmatic.
     ///
-    /// Measured on the H200 (decode-chain, `bench/gpu-runs/20261201T234500Z-…-attention-kv-ring/`):
-    /// the step 0.8% shorter at eight rows and 1088 tokens of context, 1.2-3.1% at one and eight
-    /// rows of 80 tokens, one row of 1088 and four; attention took 16.2 instead of 17.8 us at
-    /// eight rows and 1088 tokens, 4.4 instead of 5.9 at one row of 80. With the wait before the
-    /// first cache block (as under `all` until then) the step moved by +0.2 to -1.5% only.
+    /// Worth it because the first cache blocks stream while qkv ends; requested only after the
+    /// wait, they gained little.
     pub overlap_previous: bool,
 }
 

@@ -20,6 +20,12 @@ pub const MODULE: &str = "attention_prefill";
 pub const ENTRY_D64: &str = "attention_prefill_d64";
 pub const ENTRY_D128: &str = "attention_prefill_d128";
 pub const ENTRY_D256: &str = "attention_prefill_d256";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE, ENTRY_D64),
+    (MODULE, ENTRY_D128),
+    (MODULE, ENTRY_D256),
+];
 
 /// Query rows per block (token x query head of one KV head) and threads per block.
 const ROWS_PER_BLOCK: usize = 64;

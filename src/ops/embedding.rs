@@ -9,6 +9,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "embedding";
 pub const ENTRY: &str = "embedding_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// Reference: rows of the table, and their sums of squares.
 pub fn embedding_reference(table: &[bf16], hidden: usize, tokens: &[u32]) -> (Vec<bf16>, Vec<f32>) {

@@ -32,6 +32,13 @@ pub const ENTRY_CONV: &str = "gdn_causal_conv1d";
 pub const ENTRY_RECURRENT: &str = "gdn_recurrent_step";
 pub const ENTRY_PREFILL: &str = "gdn_chunk_prefill";
 pub const ENTRY_NORM: &str = "gdn_gated_rmsnorm";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE_CONV, ENTRY_CONV),
+    (MODULE_RECURRENT, ENTRY_RECURRENT),
+    (MODULE_PREFILL, ENTRY_PREFILL),
+    (MODULE_NORM, ENTRY_NORM),
+];
 
 /// Head counts and sizes of one Gated DeltaNet layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

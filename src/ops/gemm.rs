@@ -3,7 +3,7 @@
 //!
 //! - module `gemm_bf16` (mma.sync, every target; `kernels/gemm/gemm_bf16.cu`);
 //! - module `gemm_bf16_sm90` (Hopper's wgmma, built for `sm_90a` only;
-//!   `kernels/gemm/gemm_bf16_sm90.cu`): about 2.2x faster on the H200.
+//!   `kernels/gemm/gemm_bf16_sm90.cu`): the faster of the two where its image loads.
 //!
 //! [`gemm_bf16`] takes the wgmma kernel where its `sm_90a` SASS is loaded (an sm_90 GPU under
 //! `auto`), else mma.sync ([`GemmKernel::best`]); [`gemm_bf16_on`] names one. Both take the same
@@ -29,6 +29,13 @@ pub const ENTRY_F32: &str = "gemm_bf16_f32out";
 pub const MODULE_SM90: &str = "gemm_bf16_sm90";
 pub const ENTRY_SM90_BF16: &str = "gemm_bf16_sm90";
 pub const ENTRY_SM90_F32: &str = "gemm_bf16_sm90_f32out";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE, ENTRY_BF16),
+    (MODULE, ENTRY_F32),
+    (MODULE_SM90, ENTRY_SM90_BF16),
+    (MODULE_SM90, ENTRY_SM90_F32),
+];
 
 /// The tile both kernels use (one CTA per 128 x 256 block of `C`) and their block size.
 const TILE_M: usize = 128;

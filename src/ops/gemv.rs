@@ -26,6 +26,16 @@ pub const ENTRY_NARROW_NORM: &str = "gemv_narrow_norm_bf16";
 /// `griddepcontrol.wait` (see [`GemvOptions::overlap_previous`]).
 pub const ENTRY_NARROW_STAGED: &str = "gemv_narrow_staged_bf16";
 pub const ENTRY_NARROW_NORM_STAGED: &str = "gemv_narrow_norm_staged_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE, ENTRY_PLAIN),
+    (MODULE, ENTRY_NORM),
+    (MODULE, ENTRY_NORM_ROWS),
+    (MODULE, ENTRY_NARROW_PLAIN),
+    (MODULE, ENTRY_NARROW_NORM),
+    (MODULE, ENTRY_NARROW_STAGED),
+    (MODULE, ENTRY_NARROW_NORM_STAGED),
+];
 
 /// Weight rows per tile (one mma tile) and per epilogue group.
 pub const TILE_ROWS: usize = 16;
@@ -89,13 +99,8 @@ pub struct GemvShape {
 /// The layout for `n` rows on a GPU with `sm_count` SMs: warps take whole tiles when there are
 /// enough tiles for eight warps on every SM; otherwise blocks take tiles in turn and split K.
 ///
-/// Two finer distributions were measured on the H200 and lost (README, "Results on the H200";
-/// logs and patches under `bench/gpu-runs/`): the (tile, chunk) units split evenly over the
-/// blocks, a tile shared by two blocks finished from a workspace (-13%: the fence, counter and
-/// re-read at the end of a launch are a serial tail), and a block's tiles in groups of four spread
-/// over all eight warps (-1.4 to -2.3% even with the loads kept back to back: qkv gained 0.8 us,
-/// gate_up lost 1.6 with every warp of the SM streaming). What did pay is the kernel's own order
-/// inside a block: a block's two tiles streamed at once, four warps on each (qkv 13.7 -> 12.3 us).
+/// Finer distributions lost: a tile shared by two blocks pays a serial tail (fence, counter,
+/// re-read), and spreading a block's tiles over all eight warps cost gate_up more than qkv gained.
 /// Weights asked into L2 ahead of the loads, by bulk or per-line prefetch, made every launch slower.
 pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
     let tiles = n.div_ceil(TILE_ROWS).max(1);
@@ -103,16 +108,15 @@ pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
     if tiles >= WARPS * sm {
         // Two blocks on every SM, the tiles dealt to them in turn (see the kernel): each SM then
         // streams an even share. (Packing them into tiles / 8 blocks left some SMs with twice the
-        // tiles of others, and measured 0.6% slower at concurrency 8 on the H200.)
+        // tiles of others.)
         let per_warp = tiles.div_ceil(WARPS * BLOCKS_PER_SM * sm).max(1);
         GemvShape {
             narrow: false,
             blocks: (BLOCKS_PER_SM * sm).min(tiles.div_ceil(per_warp)),
         }
     } else {
-        // At most two blocks an SM, each looping over its tiles: with a block per tile, Qwen3-4B's
-        // qkv (384 tiles) ran 1.45 waves of blocks, each paying the norm prologue; capped, it
-        // took 13.9 instead of 15.8 us at one token and 17.1 instead of 22.1 at eight (H200).
+        // At most two blocks an SM, each looping over its tiles, so the norm prologue is paid once
+        // a block and no partial second wave runs (a block per tile ran 1.45 waves for qkv).
         GemvShape {
             narrow: true,
             blocks: tiles.min(BLOCKS_PER_SM * sm),
@@ -122,10 +126,8 @@ pub fn gemv_shape(n: usize, sm_count: usize) -> GemvShape {
 
 /// From this many rows the wide norm launches (gate_up, lm_head) take `gemv_norm_rows_bf16`,
 /// whose prologue requests every row's h at once (one L2 round trip instead of a pass per four
-/// chunks), at the cost of registers (128 as first built, held to 112 since; 100 in the passes
-/// kernel). Measured on the H200 with 128 (decode-chain, the prologue forced on against off): the
-/// step -1.7% at eight rows, -0.5% at four, +0.8% at one; the engine bench +2.8% at i16 c8, +2.0%
-/// at i1024 c8. The threshold was not measured again at 112.
+/// chunks), at the cost of registers (112; 100 in the passes kernel), which outweigh the saved
+/// round trips below four rows. Measured with the 128 registers of the first build, not since.
 pub const NORM_ALL_ROWS_MIN: usize = 4;
 
 /// Whether a wide norm launch of `m` rows takes the all-rows prologue. Both prologues build the
@@ -153,10 +155,8 @@ pub struct GemvOptions {
     /// two or more launches back, since every GEMV lets the next start early). x, h and the sums
     /// of squares are read only after the wait, so they may come from the kernel just before.
     ///
-    /// Worth it where the kernel before leaves SMs free or ends unevenly: measured on the H200
-    /// (decode-chain, `bench/gpu-runs/20261201T050000Z-…-staged-pdl/`) for qkv after down and
-    /// o_proj after attention, the step 1.2-2.0% shorter at one row, 0.2-1.1% at eight. Staging
-    /// without the overlap, and in gate_up and down, lost.
+    /// Worth it where the kernel before leaves SMs free or ends unevenly (qkv after down, o_proj
+    /// after attention). Staging without the overlap, and in gate_up and down, lost.
     pub overlap_previous: bool,
 }
 

@@ -10,6 +10,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "init";
 pub const ENTRY_FILL_UNIFORM: &str = "fill_uniform_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY_FILL_UNIFORM)];
 
 const THREADS: u32 = 256;
 /// Enough blocks to fill any GPU; the kernel strides over the rest.

@@ -7,7 +7,6 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_prefill;
-pub mod bench;
 pub mod compare;
 pub mod embedding;
 pub mod gated_delta_net;
@@ -22,6 +21,32 @@ pub mod random;
 pub mod rmsnorm;
 pub mod rotary;
 pub mod sampling;
+pub mod stream_read;
 pub mod triton;
 
-pub use launch::{dev, dev_mut, DevMut, DevRef, OpsError, LAUNCHED_ENTRIES};
+pub use launch::{dev, dev_mut, DevMut, DevRef, OpsError};
+
+/// Each op module's launched (module, entry) pairs, listed where the op modules are declared so
+/// that the launch layer imports none of them.
+const LAUNCHED: &[&[(&str, &str)]] = &[
+    activation::LAUNCHED,
+    attention::LAUNCHED,
+    attention_prefill::LAUNCHED,
+    embedding::LAUNCHED,
+    gated_delta_net::LAUNCHED,
+    gemm::LAUNCHED,
+    gemv::LAUNCHED,
+    init::LAUNCHED,
+    moe::LAUNCHED,
+    qk_norm_rope::LAUNCHED,
+    rmsnorm::LAUNCHED,
+    rotary::LAUNCHED,
+    sampling::LAUNCHED,
+    stream_read::LAUNCHED,
+];
+
+/// Every (module, entry) a typed launcher calls. tests/registry.rs checks these against the
+/// manifest, so a kernel added without a launcher (or a launcher without a kernel) is caught.
+pub fn launched_entries() -> impl Iterator<Item = (&'static str, &'static str)> {
+    LAUNCHED.iter().flat_map(|op| op.iter().copied())
+}

@@ -33,6 +33,13 @@ pub const ENTRY_ROUTER: &str = "moe_router_logits";
 pub const ENTRY_ROUTE: &str = "moe_route";
 pub const ENTRY_GATE_UP: &str = "moe_gate_up";
 pub const ENTRY_DOWN: &str = "moe_down_combine";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[
+    (MODULE_ROUTER, ENTRY_ROUTER),
+    (MODULE_ROUTE, ENTRY_ROUTE),
+    (MODULE_GATE_UP, ENTRY_GATE_UP),
+    (MODULE_DOWN, ENTRY_DOWN),
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {

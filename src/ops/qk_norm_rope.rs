@@ -21,6 +21,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "qk_norm_rope_cache";
 pub const ENTRY: &str = "qk_norm_rope_cache_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// Heads per block (one warp each).
 const HEADS_PER_BLOCK: usize = 8;

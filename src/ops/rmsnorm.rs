@@ -10,6 +10,8 @@ use crate::dispatch::LoadedKernels;
 pub const MODULE: &str = "rmsnorm";
 pub const ENTRY_PLAIN: &str = "rmsnorm_bf16";
 pub const ENTRY_FUSED_ADD: &str = "fused_add_rmsnorm_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY_PLAIN), (MODULE, ENTRY_FUSED_ADD)];
 
 /// Shape and constants of one RMSNorm call over `rows` rows of `hidden` values.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,6 +8,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "rotary";
 pub const ENTRY: &str = "rotary_neox_bf16";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// Shape of one rotary call: `tokens` tokens of `q_heads` and `kv_heads` heads of `head_dim`,
 /// rotating the first `rot_dim` dimensions of each head.

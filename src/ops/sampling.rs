@@ -34,6 +34,8 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "sampling";
 pub const ENTRY: &str = "sample_tokens";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// The largest vocabulary [`sample_tokens`] accepts (Qwen3.5's 248,320 fits with room).
 pub const MAX_VOCAB: usize = 1 << 24;

@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::validate::verdict;
 use crate::model::ModelDesc;
 
 /// The schema id every bundle carries; a reader refuses any other.
@@ -336,7 +335,7 @@ pub fn ids_digest(ids: &[Vec<u32>]) -> String {
             h.update(t.to_le_bytes());
         }
     }
-    fatbin_verify::sha256_hex(&h.finalize().into())
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The transformers peers: the JSON object `scripts/bench/peers.py` prints. Fields this crate does
@@ -525,13 +524,6 @@ impl BenchReport {
     pub fn to_json(&self) -> String {
         // Plain data with string keys: serialising cannot fail.
         serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
-    }
-
-    /// Every problem of the bundle, or `Ok`: required fields with sane values (finite, positive,
-    /// well-formed), each derived column equal to its definition, the peer columns equal to what
-    /// the peers say, no cell twice, a cold start for every policy the cells ran.
-    pub fn validate(&self) -> Result<(), ReportError> {
-        verdict(self.problems())
     }
 
     /// The faster transformers implementation at (input, concurrency): its tok/s and name.
@@ -763,10 +755,6 @@ impl Peers {
             source,
         })?;
         Peers::from_json(&text, &path.display().to_string())
-    }
-
-    pub fn validate(&self) -> Result<(), ReportError> {
-        verdict(self.problems("peers"))
     }
 
     /// The faster implementation at (input, concurrency): its tok/s and name.

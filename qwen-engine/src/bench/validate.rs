@@ -15,7 +15,7 @@ const DERIVED_RTOL: f64 = 1e-3;
 /// reads about 60 GB/s, an H200 about 4,200).
 const READ_GBS_RANGE: (f64, f64) = (10.0, 50_000.0);
 
-pub(super) fn verdict(problems: Vec<Problem>) -> Result<(), ReportError> {
+fn verdict(problems: Vec<Problem>) -> Result<(), ReportError> {
     if problems.is_empty() {
         Ok(())
     } else {
@@ -126,6 +126,13 @@ impl Checker<'_> {
 }
 
 impl BenchReport {
+    /// Every problem of the bundle, or `Ok`: required fields with sane values (finite, positive,
+    /// well-formed), each derived column equal to its definition, the peer columns equal to what
+    /// the peers say, no cell twice, a cold start for every policy the cells ran.
+    pub fn validate(&self) -> Result<(), ReportError> {
+        verdict(self.problems())
+    }
+
     pub fn problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut top = Checker {
@@ -453,6 +460,10 @@ impl BenchReport {
 }
 
 impl Peers {
+    pub fn validate(&self) -> Result<(), ReportError> {
+        verdict(self.problems("peers"))
+    }
+
     /// Problems of the peers, placed under `prefix` (`peers` inside a bundle).
     pub fn problems(&self, prefix: &str) -> Vec<Problem> {
         let mut problems = Vec::new();

@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use aot_kernels::device::{timing_event, CudaContext, CudaStream};
 use aot_kernels::dispatch::{Policy, ToolchainChoice};
-use aot_kernels::ops::bench::{stream_read, xor_reference, Reader};
 use aot_kernels::ops::random::random_bits;
 use aot_kernels::ops::sampling::SamplingParams;
+use aot_kernels::ops::stream_read::{stream_read, xor_reference, Reader};
 use aot_kernels::ops::{dev, dev_mut};
 use qwen_engine::bench::report::{
     now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,

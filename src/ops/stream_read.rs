@@ -1,6 +1,6 @@
-//! The streaming-read kernels (module `bench`, one per [`Reader`]): each reads a buffer once at
-//! full speed, folding it into an XOR per block. Benchmarks time them to measure the read
-//! bandwidth in the same run as the engine; the fold proves every byte was read.
+//! The streaming-read kernels (kernel module `bench`, one entry per [`Reader`]): each reads a
+//! buffer once at full speed, folding it into an XOR per block. Benchmarks time them to measure the
+//! read bandwidth in the same run as the engine; the fold proves every byte was read.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -11,6 +11,8 @@ pub const MODULE: &str = "bench";
 pub const ENTRY: &str = "stream_read_u32";
 /// The bulk-copy reader ([`Reader::Bulk`]).
 pub const ENTRY_BULK: &str = "stream_read_bulk_u32";
+/// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY), (MODULE, ENTRY_BULK)];
 const THREADS: u32 = 512;
 /// The bulk reader's launch, as the kernel declares it (kBulkThreads, kBulkStages, kBulkChunk in
 /// kernels/bench/stream_read.cu): one producer warp and four consumer warps, a ring of four 16 KiB
@@ -21,8 +23,7 @@ const BULK_CHUNK: usize = 16384;
 
 /// The two ways the module reads: plain 16-byte loads (every GPU) or bulk copies into shared
 /// memory through the Tensor Memory Accelerator (sm_90 images; older images fold with loads).
-/// On the H200 the bulk reader is the faster (kernels/bench/stream_read.cu), so a benchmark times
-/// both and takes the faster as the read limit.
+/// Which is faster depends on the GPU, so a benchmark times both and takes the faster as the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reader {
     Loads,
