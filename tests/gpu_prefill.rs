@@ -217,7 +217,7 @@ fn gemm_runs() -> &'static GemmRuns {
             .iter()
             .zip(&best_gemms)
             .map(|((path, kernels), &gemm)| {
-                let outs = cases.iter().map(|c| run_gemm(kernels, gemm, c)).collect();
+                let outs: Vec<_> = cases.iter().map(|c| run_gemm(kernels, gemm, c)).collect();
                 (*path, outs)
             })
             .collect();
@@ -253,7 +253,7 @@ fn each_gemm_point(
             for &(r, col) in &points {
                 let (want, mag) = gemm_element(&c.a, &c.w, s, r, col);
                 check(
-                    path,
+                    *path,
                     c,
                     r,
                     col,

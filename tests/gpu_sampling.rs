@@ -226,7 +226,12 @@ fn sampling_runs() -> &'static SamplingRuns {
         ];
         let per_path = paths
             .iter()
-            .map(|(path, kernels)| (*path, batches.iter().map(|b| run(kernels, b)).collect()))
+            .map(|(path, kernels)| {
+                (
+                    *path,
+                    batches.iter().map(|b| run(kernels, b)).collect::<Vec<_>>(),
+                )
+            })
             .collect();
         SamplingRuns {
             seed,
@@ -406,7 +411,7 @@ fn fill_runs() -> &'static FillRuns {
             .iter()
             .map(|(path, kernels)| {
                 let s = kernels.stream();
-                let outs = cases
+                let outs: Vec<_> = cases
                     .iter()
                     .map(|&(n, seed, stream, scale, offset)| {
                         let mut out = s.alloc_zeros::<bf16>(n + 5).unwrap();
@@ -532,50 +537,43 @@ fn refusal(
     e
 }
 
-/// `sample_tokens` on the buffers' logits, into their tokens, with `params`.
-fn sample_refusal(
-    shape: LogitsShape,
-    params: impl for<'a> FnOnce(&'a LoadedKernels, &'a Buffers) -> DeviceSamplingParams<'a>,
-) -> String {
+/// `sample_tokens` on the buffers' logits, into their tokens, with parameters of the right
+/// length for two rows, or (`short_counter`) with a counter of one row.
+fn sample_refusal(shape: LogitsShape, short_counter: bool) -> String {
     refusal(|kernels, b, o| {
-        sample_tokens(
-            kernels,
-            &mut o.tokens,
-            &b.logits,
-            &shape,
-            &params(kernels, b),
-        )
+        let mut params = b.params(kernels);
+        if short_counter {
+            params.counter = dev(kernels, &b.short);
+        }
+        sample_tokens(kernels, &mut o.tokens, &b.logits, &shape, &params)
     })
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_refuses_logits_shorter_than_the_shape() {
-    let e = sample_refusal(shape(2, 60, 60), |kernels, b| b.params(kernels));
+    let e = sample_refusal(shape(2, 60, 60), false);
     assert!(e.contains("`logits` holds 100 elements"), "{e}");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_refuses_a_row_stride_shorter_than_the_vocabulary() {
-    let e = sample_refusal(shape(2, 50, 40), |kernels, b| b.params(kernels));
+    let e = sample_refusal(shape(2, 50, 40), false);
     assert!(e.contains("row stride 40 is shorter"), "{e}");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_refuses_an_empty_vocabulary() {
-    let e = sample_refusal(shape(2, 0, 0), |kernels, b| b.params(kernels));
+    let e = sample_refusal(shape(2, 0, 0), false);
     assert!(e.contains("vocabulary"), "{e}");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_sampling_refuses_a_counter_shorter_than_the_rows() {
-    let e = sample_refusal(shape(2, 50, 50), |kernels, b| DeviceSamplingParams {
-        counter: dev(kernels, &b.short),
-        ..b.params(kernels)
-    });
+    let e = sample_refusal(shape(2, 50, 50), true);
     assert!(e.contains("`counter` holds 1 elements"), "{e}");
 }
 

@@ -327,7 +327,7 @@ fn triton_runs() -> &'static TritonRuns {
                 let dev = MoeDevice::new(st, &w, &gate_up, &down);
                 let layer = dev.layer();
                 let mut scratch = MoeScratch::new(st, &MOE, 8).unwrap();
-                let runs = moe_inputs
+                let runs: Vec<MoeRun> = moe_inputs
                     .iter()
                     .map(|x| {
                         let tokens = x.len() / h;
