@@ -4,7 +4,8 @@
 //! bitwise independent of how the prompt is chunked.
 //!
 //! `#[ignore]`d: they need a CUDA GPU (run with `--include-ignored` there; the GPU bundle does).
-//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`.
+//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`. One claim a test: the
+//! runs that several claims check are made once per binary and shared.
 //!
 //! The GEMM has two kernels (mma.sync everywhere, wgmma where sm_90a SASS is loaded): on an sm_90
 //! GPU the SASS path runs wgmma and the PTX path mma.sync, so comparing the paths bitwise also
@@ -40,6 +41,7 @@ use gpu_common::{describe, device, load_auto, load_both_paths, random_bf16, test
 use half::bf16;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use std::sync::OnceLock;
 
 /// The spacing of bf16 values at `|x|` (one ulp).
 fn ulp(x: f64) -> f64 {
@@ -136,102 +138,206 @@ fn assert_same_f32_bits(what: &str, a: &[f32], b: &[f32]) {
     );
 }
 
+/// The GEMM cases and each path's outputs on them, with what the tests compare them to.
+struct GemmRuns {
+    seed: u64,
+    sm: u32,
+    /// The GEMM kernel each path runs (`GemmKernel::best` of its load): SASS, then PTX.
+    best_gemms: [GemmKernel; 2],
+    cases: Vec<GemmCase>,
+    /// Per path (SASS, then PTX), per case: the bf16 and the f32 output.
+    per_path: Vec<(&'static str, Vec<(Vec<bf16>, Vec<f32>)>)>,
+    /// Per case, the SASS load's mma.sync outputs, where its best kernel is wgmma.
+    sass_mma_sync: Option<Vec<(Vec<bf16>, Vec<f32>)>>,
+}
+
+/// Every GEMM case run once per binary on both paths (and, where the SASS path runs wgmma, on
+/// its mma.sync kernel as well).
+fn gemm_runs() -> &'static GemmRuns {
+    static RUNS: OnceLock<GemmRuns> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_gemm runs");
+        eprintln!("device \"{}\": {}", d.name, d.spec);
+        let paths = load_both_paths(&d);
+        eprintln!("{}", describe(&paths[0].1, "gemm_bf16"));
+        eprintln!("{}", describe(&paths[0].1, "gemm_bf16_sm90"));
+        let best_gemms = paths
+            .each_ref()
+            .map(|(_, kernels)| GemmKernel::best(kernels));
+        eprintln!(
+            "GEMM kernels: sass path {:?}, ptx path {:?}",
+            best_gemms[0], best_gemms[1]
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let cases = vec![
+            gemm_case(
+                &mut rng,
+                "qkv_proj T=300",
+                GemmShape::dense(300, 6144, 2560),
+                Some(3000),
+            ),
+            gemm_case(
+                &mut rng,
+                "down_proj T=64",
+                GemmShape::dense(64, 2560, 9728),
+                Some(2000),
+            ),
+            gemm_case(
+                &mut rng,
+                "gate_up T=7",
+                GemmShape::dense(7, 19456, 2560),
+                Some(2000),
+            ),
+            gemm_case(&mut rng, "odd 37x40x24", GemmShape::dense(37, 40, 24), None),
+            // Nine row tiles: a full group of eight in the grouped tile order and a partial one;
+            // three column tiles, the last partial.
+            gemm_case(
+                &mut rng,
+                "grouped order 1100x520x320",
+                GemmShape::dense(1100, 520, 320),
+                Some(4000),
+            ),
+            gemm_case(
+                &mut rng,
+                "odd strided 129x264x1000",
+                GemmShape {
+                    m: 129,
+                    n: 264,
+                    k: 1000,
+                    lda: 1008,
+                    ldw: 1016,
+                    ldc: 270,
+                },
+                None,
+            ),
+            gemm_case(&mut rng, "one row 1x8x8", GemmShape::dense(1, 8, 8), None),
+        ];
+        let per_path = paths
+            .iter()
+            .zip(&best_gemms)
+            .map(|((path, kernels), &gemm)| {
+                let outs: Vec<_> = cases.iter().map(|c| run_gemm(kernels, gemm, c)).collect();
+                (*path, outs)
+            })
+            .collect();
+        let sass_mma_sync = (best_gemms[0] == GemmKernel::Wgmma).then(|| {
+            cases
+                .iter()
+                .map(|c| run_gemm(&paths[0].1, GemmKernel::MmaSync, c))
+                .collect()
+        });
+        GemmRuns {
+            seed,
+            sm: d.spec.capability.sm(),
+            best_gemms,
+            cases,
+            per_path,
+            sass_mma_sync,
+        }
+    })
+}
+
+/// Each path's outputs of each case against the float64 reference at the case's points:
+/// `check(path, case, row, col, want, sum |a w|, bf16 output, f32 output)`.
+fn each_gemm_point(
+    mut check: impl FnMut(&str, &GemmCase, usize, usize, f64, f64, bf16, f32),
+) -> Vec<(String, usize)> {
+    let runs = gemm_runs();
+    let mut checked = Vec::new();
+    for (path, outs) in &runs.per_path {
+        for (c, (out, out32)) in runs.cases.iter().zip(outs) {
+            let s = &c.shape;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(runs.seed ^ 0x6e6d);
+            let points = gemm_points(&mut rng, s, c.sampled);
+            for &(r, col) in &points {
+                let (want, mag) = gemm_element(&c.a, &c.w, s, r, col);
+                check(
+                    *path,
+                    c,
+                    r,
+                    col,
+                    want,
+                    mag,
+                    out[r * s.ldc + col],
+                    out32[r * s.ldc + col],
+                );
+            }
+            checked.push((format!("[{path}] {} {s:?}", c.name), points.len()));
+        }
+    }
+    checked
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_gemm_matches_the_reference_on_both_paths() {
-    let d = device();
-    let seed = test_seed("gpu_gemm_matches_the_reference_on_both_paths");
-    eprintln!("device \"{}\": {}", d.name, d.spec);
-    let paths = load_both_paths(&d);
-    eprintln!("{}", describe(&paths[0].1, "gemm_bf16"));
-    eprintln!("{}", describe(&paths[0].1, "gemm_bf16_sm90"));
-    let kernels = paths.each_ref().map(|(_, k)| GemmKernel::best(k));
-    eprintln!(
-        "kernels: sass path {:?}, ptx path {:?}",
-        kernels[0], kernels[1]
+fn gpu_gemm_ptx_path_runs_mma_sync() {
+    assert_eq!(
+        gemm_runs().best_gemms[1],
+        GemmKernel::MmaSync,
+        "the PTX path has no wgmma"
     );
-    assert_eq!(kernels[1], GemmKernel::MmaSync, "the PTX path has no wgmma");
-    if d.spec.capability.sm() == 90 {
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_sass_path_runs_wgmma_on_an_sm_90_gpu() {
+    let runs = gemm_runs();
+    if runs.sm == 90 {
         assert_eq!(
-            kernels[0],
+            runs.best_gemms[0],
             GemmKernel::Wgmma,
             "an sm_90 GPU under auto must run the sm_90a wgmma kernel"
         );
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let cases = [
-        gemm_case(
-            &mut rng,
-            "qkv_proj T=300",
-            GemmShape::dense(300, 6144, 2560),
-            Some(3000),
-        ),
-        gemm_case(
-            &mut rng,
-            "down_proj T=64",
-            GemmShape::dense(64, 2560, 9728),
-            Some(2000),
-        ),
-        gemm_case(
-            &mut rng,
-            "gate_up T=7",
-            GemmShape::dense(7, 19456, 2560),
-            Some(2000),
-        ),
-        gemm_case(&mut rng, "odd 37x40x24", GemmShape::dense(37, 40, 24), None),
-        // Nine row tiles: a full group of eight in the grouped tile order and a partial one;
-        // three column tiles, the last partial.
-        gemm_case(
-            &mut rng,
-            "grouped order 1100x520x320",
-            GemmShape::dense(1100, 520, 320),
-            Some(4000),
-        ),
-        gemm_case(
-            &mut rng,
-            "odd strided 129x264x1000",
-            GemmShape {
-                m: 129,
-                n: 264,
-                k: 1000,
-                lda: 1008,
-                ldw: 1016,
-                ldc: 270,
-            },
-            None,
-        ),
-        gemm_case(&mut rng, "one row 1x8x8", GemmShape::dense(1, 8, 8), None),
-    ];
-    let mut per_path = Vec::new();
-    for ((path, k), &kernel) in paths.iter().zip(&kernels) {
-        let mut outs = Vec::new();
-        for c in &cases {
-            let (out, out32) = run_gemm(k, kernel, c);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_bf16_output_matches_the_reference_on_both_paths() {
+    let (mut worst, mut differ) = (0.0f64, 0usize);
+    let checked = each_gemm_point(|path, c, r, col, want, mag, got, _| {
+        let tol = mag * 2f64.powi(-16);
+        let got16 = f64::from(got.to_f32());
+        let e16 = (got16 - want).abs() / (tol + ulp(want));
+        differ += usize::from(got != bf16::from_f64(want));
+        worst = worst.max(e16);
+        assert!(
+            e16 <= 1.0,
+            "[{path}] {} at ({r}, {col}): bf16 {got16}, reference {want}, sum|aw| {mag}",
+            c.name
+        );
+    });
+    eprintln!(
+        "{checked:?} elements checked; {differ} bf16 outputs differ from the rounded reference; worst error / tolerance {worst:.3}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_f32_output_matches_the_reference_on_both_paths() {
+    let mut worst = 0.0f64;
+    let checked = each_gemm_point(|path, c, r, col, want, mag, _, got| {
+        let tol = mag * 2f64.powi(-16);
+        let got32 = f64::from(got);
+        let e32 = (got32 - want).abs() / tol.max(f64::MIN_POSITIVE);
+        worst = worst.max(e32);
+        assert!(
+            e32 <= 1.0,
+            "[{path}] {} at ({r}, {col}): f32 {got32}, reference {want}, sum|aw| {mag}",
+            c.name
+        );
+    });
+    eprintln!("{checked:?} elements checked; worst error / tolerance {worst:.3}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_leaves_the_row_padding_untouched() {
+    let runs = gemm_runs();
+    for (path, outs) in &runs.per_path {
+        for (c, (out, _)) in runs.cases.iter().zip(outs) {
             let s = &c.shape;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6e6d);
-            let (mut worst16, mut worst32, mut differ) = (0.0f64, 0.0f64, 0usize);
-            let points = gemm_points(&mut rng, s, c.sampled);
-            for &(r, col) in &points {
-                let (want, mag) = gemm_element(&c.a, &c.w, s, r, col);
-                let tol = mag * 2f64.powi(-16);
-                let got16 = f64::from(out[r * s.ldc + col].to_f32());
-                let got32 = f64::from(out32[r * s.ldc + col]);
-                let e16 = (got16 - want).abs() / (tol + ulp(want));
-                let e32 = (got32 - want).abs() / tol.max(f64::MIN_POSITIVE);
-                differ += usize::from(out[r * s.ldc + col] != bf16::from_f64(want));
-                worst16 = worst16.max(e16);
-                worst32 = worst32.max(e32);
-                assert!(
-                    e16 <= 1.0 && e32 <= 1.0,
-                    "[{path}] {} at ({r}, {col}): bf16 {got16}, f32 {got32}, reference {want}, sum|aw| {mag}",
-                    c.name
-                );
-            }
-            eprintln!(
-                "[{path}] {} {s:?}: {} elements checked, {differ} bf16 outputs differ from the rounded reference; worst error / tolerance: bf16 {worst16:.3}, f32 {worst32:.3}",
-                c.name,
-                points.len()
-            );
             // Nothing written past the rows (the padding between ldc rows stays zero).
             for r in 0..s.m {
                 assert!(
@@ -242,81 +348,136 @@ fn gpu_gemm_matches_the_reference_on_both_paths() {
                     c.name
                 );
             }
-            outs.push((out, out32));
         }
-        per_path.push(outs);
-    }
-    for (c, ((a16, a32), (b16, b32))) in cases.iter().zip(per_path[0].iter().zip(&per_path[1])) {
-        assert_same_bits(&format!("{}: SASS vs PTX", c.name), a16, b16);
-        assert_same_f32_bits(&format!("{}: SASS vs PTX", c.name), a32, b32);
-    }
-    eprintln!(
-        "SASS ({:?}) and PTX ({:?}) outputs are bitwise identical",
-        kernels[0], kernels[1]
-    );
-    if kernels[0] == GemmKernel::Wgmma {
-        // The same SASS load's mma.sync kernel against its wgmma kernel.
-        for (c, (w16, w32)) in cases.iter().zip(&per_path[0]) {
-            let (m16, m32) = run_gemm(&paths[0].1, GemmKernel::MmaSync, c);
-            assert_same_bits(&format!("{}: wgmma vs mma.sync", c.name), w16, &m16);
-            assert_same_f32_bits(&format!("{}: wgmma vs mma.sync", c.name), w32, &m32);
-        }
-        eprintln!("wgmma and mma.sync (both SASS) outputs are bitwise identical");
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_gemm_rows_do_not_depend_on_the_chunking() {
-    let d = device();
-    let seed = test_seed("gpu_gemm_rows_do_not_depend_on_the_chunking");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let kernels = load_auto(&d);
-    let s = kernels.stream();
-    // Qwen3-4B qkv_proj over 1024 tokens, then the same rows in chunks of awkward sizes (each
-    // row lands at other places in the 128-row tiles).
-    let full = GemmShape::dense(1024, 6144, 2560);
-    let a = random_bf16(&mut rng, full.m * full.k, 2.0);
-    let w = s
-        .clone_htod(&random_bf16(&mut rng, full.n * full.k, 0.1))
-        .unwrap();
-    let run = |rows: &[bf16], m: usize| -> (Vec<bf16>, Vec<f32>) {
-        let shape = GemmShape { m, ..full };
-        let a = s.clone_htod(rows).unwrap();
-        let mut c = s.alloc_zeros::<bf16>(m * full.n).unwrap();
-        let mut c32 = s.alloc_zeros::<f32>(m * full.n).unwrap();
-        gemm_bf16(&kernels, &mut c, &a, &w, &shape).unwrap();
-        gemm_bf16_f32out(&kernels, &mut c32, &a, &w, &shape).unwrap();
-        (s.clone_dtoh(&c).unwrap(), s.clone_dtoh(&c32).unwrap())
-    };
-    let (whole, whole32) = run(&a, full.m);
-    for chunks in [
-        vec![1, 7, 64, 127, 128, 129, 255, 313],
-        vec![1000, 24],
-        vec![3; 341].into_iter().chain([1]).collect::<Vec<_>>(),
-    ] {
-        let mut r0 = 0;
-        for &m in &chunks {
-            let (part, part32) = run(&a[r0 * full.k..(r0 + m) * full.k], m);
+fn gpu_gemm_sass_equals_ptx() {
+    let runs = gemm_runs();
+    let (sass, ptx) = (&runs.per_path[0].1, &runs.per_path[1].1);
+    for (c, ((a16, a32), (b16, b32))) in runs.cases.iter().zip(sass.iter().zip(ptx)) {
+        assert_same_bits(&format!("{}: SASS vs PTX", c.name), a16, b16);
+        assert_same_f32_bits(&format!("{}: SASS vs PTX", c.name), a32, b32);
+    }
+    eprintln!(
+        "SASS ({:?}) and PTX ({:?}) outputs are bitwise identical",
+        runs.best_gemms[0], runs.best_gemms[1]
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_wgmma_equals_mma_sync() {
+    let runs = gemm_runs();
+    // The same SASS load's mma.sync kernel against its wgmma kernel.
+    if let Some(mma_sync) = &runs.sass_mma_sync {
+        for (c, ((w16, w32), (m16, m32))) in runs
+            .cases
+            .iter()
+            .zip(runs.per_path[0].1.iter().zip(mma_sync))
+        {
+            assert_same_bits(&format!("{}: wgmma vs mma.sync", c.name), w16, m16);
+            assert_same_f32_bits(&format!("{}: wgmma vs mma.sync", c.name), w32, m32);
+        }
+        eprintln!("wgmma and mma.sync (both SASS) outputs are bitwise identical");
+    }
+}
+
+/// Qwen3-4B qkv_proj over 1024 tokens, then the same rows in chunks of awkward sizes (each row
+/// lands at other places in the 128-row tiles): the whole's outputs, and per chunking per chunk
+/// its first row and its outputs.
+struct ChunkedGemm {
+    n: usize,
+    whole: (Vec<bf16>, Vec<f32>),
+    chunkings: Vec<Vec<(usize, Vec<bf16>, Vec<f32>)>>,
+}
+
+fn chunked_gemm() -> &'static ChunkedGemm {
+    static RUNS: OnceLock<ChunkedGemm> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_gemm chunked runs");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let kernels = load_auto(&d);
+        let s = kernels.stream();
+        let full = GemmShape::dense(1024, 6144, 2560);
+        let a = random_bf16(&mut rng, full.m * full.k, 2.0);
+        let w = s
+            .clone_htod(&random_bf16(&mut rng, full.n * full.k, 0.1))
+            .unwrap();
+        let run = |rows: &[bf16], m: usize| -> (Vec<bf16>, Vec<f32>) {
+            let shape = GemmShape { m, ..full };
+            let a = s.clone_htod(rows).unwrap();
+            let mut c = s.alloc_zeros::<bf16>(m * full.n).unwrap();
+            let mut c32 = s.alloc_zeros::<f32>(m * full.n).unwrap();
+            gemm_bf16(&kernels, &mut c, &a, &w, &shape).unwrap();
+            gemm_bf16_f32out(&kernels, &mut c32, &a, &w, &shape).unwrap();
+            (s.clone_dtoh(&c).unwrap(), s.clone_dtoh(&c32).unwrap())
+        };
+        let whole = run(&a, full.m);
+        let chunkings = [
+            vec![1, 7, 64, 127, 128, 129, 255, 313],
+            vec![1000, 24],
+            vec![3; 341].into_iter().chain([1]).collect::<Vec<_>>(),
+        ]
+        .iter()
+        .map(|chunks| {
+            let mut r0 = 0;
+            chunks
+                .iter()
+                .map(|&m| {
+                    let (part, part32) = run(&a[r0 * full.k..(r0 + m) * full.k], m);
+                    r0 += m;
+                    (r0 - m, part, part32)
+                })
+                .collect()
+        })
+        .collect();
+        ChunkedGemm {
+            n: full.n,
+            whole,
+            chunkings,
+        }
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_bf16_rows_do_not_depend_on_the_chunking() {
+    let runs = chunked_gemm();
+    let n = runs.n;
+    for chunks in &runs.chunkings {
+        for (r0, part, _) in chunks {
+            let m = part.len() / n;
             assert_same_bits(
                 &format!("rows {r0}..{} alone vs in the whole", r0 + m),
-                &part,
-                &whole[r0 * full.n..(r0 + m) * full.n],
+                part,
+                &runs.whole.0[r0 * n..(r0 + m) * n],
             );
+        }
+        eprintln!("{} chunks: bitwise equal to the whole", chunks.len());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_f32_rows_do_not_depend_on_the_chunking() {
+    let runs = chunked_gemm();
+    let n = runs.n;
+    for chunks in &runs.chunkings {
+        for (r0, _, part32) in chunks {
             assert!(
                 part32
                     .iter()
-                    .zip(&whole32[r0 * full.n..])
+                    .zip(&runs.whole.1[r0 * n..])
                     .all(|(x, y)| x.to_bits() == y.to_bits()),
                 "rows {r0}..{}: f32 output depends on the chunking",
-                r0 + m
+                r0 + part32.len() / n
             );
-            r0 += m;
         }
-        eprintln!(
-            "chunks {:?}...: bitwise equal to the whole",
-            &chunks[..chunks.len().min(8)]
-        );
+        eprintln!("{} chunks: bitwise equal to the whole", chunks.len());
     }
 }
 
@@ -451,66 +612,71 @@ struct NormCase {
     weight_offset: f32,
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
-    let d = device();
-    let seed = test_seed("gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths");
-    eprintln!("device \"{}\": {}", d.name, d.spec);
-    let paths = load_both_paths(&d);
-    eprintln!("{}", describe(&paths[0].1, "qk_norm_rope_cache"));
-    let cases = [
-        NormCase {
-            name: "qwen3-4b 1024 tokens",
-            tokens: 1024,
-            start_pos: 0,
-            q_heads: 32,
-            kv_heads: 8,
-            head_dim: 128,
-            pad: 0,
-            theta: 1e6,
-            weight_offset: 0.0,
-        },
-        NormCase {
-            name: "qwen3-4b chunk at 977",
-            tokens: 45,
-            start_pos: 977,
-            q_heads: 32,
-            kv_heads: 8,
-            head_dim: 128,
-            pad: 8,
-            theta: 1e6,
-            weight_offset: 0.0,
-        },
-        NormCase {
-            name: "head_dim 64, 6/2 heads",
-            tokens: 37,
-            start_pos: 3,
-            q_heads: 6,
-            kv_heads: 2,
-            head_dim: 64,
-            pad: 0,
-            theta: 1e4,
-            weight_offset: 0.0,
-        },
-        NormCase {
-            name: "head_dim 256, 16/2 heads, (1 + w)",
-            tokens: 19,
-            start_pos: 250,
-            q_heads: 16,
-            kv_heads: 2,
-            head_dim: 256,
-            pad: 16,
-            theta: 1e7,
-            weight_offset: 1.0,
-        },
-    ];
-    let mut per_path: Vec<Vec<Vec<bf16>>> = Vec::new();
-    for (path, k) in &paths {
-        let s = k.stream();
+/// Per case: the reference's q, k cache and v cache, and each path's (SASS, then PTX).
+struct NormRun {
+    case: NormCase,
+    want: [Vec<bf16>; 3],
+    per_path: Vec<(&'static str, [Vec<bf16>; 3])>,
+}
+
+/// Every q/k norm + RoPE case run once per binary on both paths, from the same inputs.
+fn norm_runs() -> &'static [NormRun] {
+    static RUNS: OnceLock<Vec<NormRun>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_qk_norm_rope_cache runs");
+        eprintln!("device \"{}\": {}", d.name, d.spec);
+        let paths = load_both_paths(&d);
+        eprintln!("{}", describe(&paths[0].1, "qk_norm_rope_cache"));
+        let cases = [
+            NormCase {
+                name: "qwen3-4b 1024 tokens",
+                tokens: 1024,
+                start_pos: 0,
+                q_heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                pad: 0,
+                theta: 1e6,
+                weight_offset: 0.0,
+            },
+            NormCase {
+                name: "qwen3-4b chunk at 977",
+                tokens: 45,
+                start_pos: 977,
+                q_heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                pad: 8,
+                theta: 1e6,
+                weight_offset: 0.0,
+            },
+            NormCase {
+                name: "head_dim 64, 6/2 heads",
+                tokens: 37,
+                start_pos: 3,
+                q_heads: 6,
+                kv_heads: 2,
+                head_dim: 64,
+                pad: 0,
+                theta: 1e4,
+                weight_offset: 0.0,
+            },
+            NormCase {
+                name: "head_dim 256, 16/2 heads, (1 + w)",
+                tokens: 19,
+                start_pos: 250,
+                q_heads: 16,
+                kv_heads: 2,
+                head_dim: 256,
+                pad: 16,
+                theta: 1e7,
+                weight_offset: 1.0,
+            },
+        ];
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut outs = Vec::new();
-        for c in &cases {
+        let mut runs = Vec::new();
+        for c in cases {
             let dd = c.head_dim;
             let p = QkNormRopeParams {
                 tokens: c.tokens,
@@ -545,65 +711,123 @@ fn gpu_qk_norm_rope_cache_matches_the_reference_on_both_paths() {
                 &mut want_k,
                 &mut want_v,
             );
-
-            let table = s.clone_htod(&cache.blocks).unwrap();
-            let qkv_dev = s.clone_htod(&qkv).unwrap();
-            let inputs = QkNormRopeInputs {
-                qkv: dev(k, &qkv_dev),
-                q_norm: &s.clone_htod(&q_norm).unwrap(),
-                k_norm: &s.clone_htod(&k_norm).unwrap(),
-                cos_sin: &s.clone_htod(&cos_sin).unwrap(),
-                max_position,
-                blocks: BlockTable {
-                    table: &table,
-                    offset: 0,
-                    len: cache.blocks.len(),
-                },
-            };
-            let mut q_out = s.alloc_zeros::<bf16>(c.tokens * c.q_heads * dd).unwrap();
-            let mut kc = s.clone_htod(&cache.k).unwrap();
-            let mut vc = s.clone_htod(&cache.v).unwrap();
-            qk_norm_rope_cache(k, &inputs, dev_mut(k, &mut q_out), &mut kc, &mut vc, &p).unwrap();
-            let got_q = s.clone_dtoh(&q_out).unwrap();
-            let got_k = s.clone_dtoh(&kc).unwrap();
-            let got_v = s.clone_dtoh(&vc).unwrap();
-
-            assert_same_bits(&format!("[{path}] {}: v cache", c.name), &got_v, &want_v);
-            for (what, got, want) in [("q", &got_q, &want_q), ("k cache", &got_k, &want_k)] {
-                let (mut worst, mut differ) = (0.0f64, 0usize);
-                for (i, (g, w)) in got.chunks(dd).zip(want.chunks(dd)).enumerate() {
-                    let head_max = w
-                        .iter()
-                        .map(|x| f64::from(x.to_f32()).abs())
-                        .fold(0.0, f64::max);
-                    let tol = 2.0 * ulp(head_max);
-                    for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
-                        let e = (f64::from(a.to_f32()) - f64::from(b.to_f32())).abs();
-                        differ += usize::from(a != b);
-                        worst = worst.max(e / tol);
-                        assert!(
-                            e <= tol,
-                            "[{path}] {} {what}: head row {i} element {j}: {a} vs reference {b} (tolerance {tol})",
-                            c.name
-                        );
-                    }
-                }
-                eprintln!(
-                    "[{path}] {} {what}: {differ} of {} differ from the reference, worst error / tolerance {worst:.2}",
-                    c.name,
-                    got.len()
-                );
-            }
-            outs.extend([got_q, got_k, got_v]);
+            let per_path = paths
+                .iter()
+                .map(|(path, kernels)| {
+                    let s = kernels.stream();
+                    let table = s.clone_htod(&cache.blocks).unwrap();
+                    let qkv_dev = s.clone_htod(&qkv).unwrap();
+                    let inputs = QkNormRopeInputs {
+                        qkv: dev(kernels, &qkv_dev),
+                        q_norm: &s.clone_htod(&q_norm).unwrap(),
+                        k_norm: &s.clone_htod(&k_norm).unwrap(),
+                        cos_sin: &s.clone_htod(&cos_sin).unwrap(),
+                        max_position,
+                        blocks: BlockTable {
+                            table: &table,
+                            offset: 0,
+                            len: cache.blocks.len(),
+                        },
+                    };
+                    let mut q_out = s.alloc_zeros::<bf16>(c.tokens * c.q_heads * dd).unwrap();
+                    let mut kc = s.clone_htod(&cache.k).unwrap();
+                    let mut vc = s.clone_htod(&cache.v).unwrap();
+                    qk_norm_rope_cache(
+                        kernels,
+                        &inputs,
+                        dev_mut(kernels, &mut q_out),
+                        &mut kc,
+                        &mut vc,
+                        &p,
+                    )
+                    .unwrap();
+                    let got = [
+                        s.clone_dtoh(&q_out).unwrap(),
+                        s.clone_dtoh(&kc).unwrap(),
+                        s.clone_dtoh(&vc).unwrap(),
+                    ];
+                    (*path, got)
+                })
+                .collect();
+            runs.push(NormRun {
+                case: c,
+                want: [want_q, want_k, want_v],
+                per_path,
+            });
         }
-        per_path.push(outs);
+        runs
+    })
+}
+
+/// Output `i` (0 q, 1 k cache) of every case on both paths within 2 bf16 ulps of the largest
+/// value of its head.
+fn check_norm_output(i: usize, what: &str) {
+    for run in norm_runs() {
+        let (c, dd) = (&run.case, run.case.head_dim);
+        let want = &run.want[i];
+        for (path, outs) in &run.per_path {
+            let got = &outs[i];
+            let (mut worst, mut differ) = (0.0f64, 0usize);
+            for (row, (g, w)) in got.chunks(dd).zip(want.chunks(dd)).enumerate() {
+                let head_max = w
+                    .iter()
+                    .map(|x| f64::from(x.to_f32()).abs())
+                    .fold(0.0, f64::max);
+                let tol = 2.0 * ulp(head_max);
+                for (j, (&a, &b)) in g.iter().zip(w).enumerate() {
+                    let e = (f64::from(a.to_f32()) - f64::from(b.to_f32())).abs();
+                    differ += usize::from(a != b);
+                    worst = worst.max(e / tol);
+                    assert!(
+                        e <= tol,
+                        "[{path}] {} {what}: head row {row} element {j}: {a} vs reference {b} (tolerance {tol})",
+                        c.name
+                    );
+                }
+            }
+            eprintln!(
+                "[{path}] {} {what}: {differ} of {} differ from the reference, worst error / tolerance {worst:.2}",
+                c.name,
+                got.len()
+            );
+        }
     }
-    for (i, (a, b)) in per_path[0].iter().zip(&per_path[1]).enumerate() {
-        assert_same_bits(
-            &format!("{} output {}: SASS vs PTX", cases[i / 3].name, i % 3),
-            a,
-            b,
-        );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_q_matches_the_reference_on_both_paths() {
+    check_norm_output(0, "q");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_k_cache_matches_the_reference_on_both_paths() {
+    check_norm_output(1, "k cache");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_v_cache_equals_the_reference_on_both_paths() {
+    for run in norm_runs() {
+        for (path, outs) in &run.per_path {
+            assert_same_bits(
+                &format!("[{path}] {}: v cache", run.case.name),
+                &outs[2],
+                &run.want[2],
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_sass_equals_ptx() {
+    for run in norm_runs() {
+        let (sass, ptx) = (&run.per_path[0].1, &run.per_path[1].1);
+        for (i, (a, b)) in sass.iter().zip(ptx).enumerate() {
+            assert_same_bits(&format!("{} output {i}: SASS vs PTX", run.case.name), a, b);
+        }
     }
 }
 
@@ -619,8 +843,15 @@ struct AttnCase {
     sampled: usize,
 }
 
+/// `q` and `out` are views this many elements into larger buffers (as the engine passes one
+/// request's rows of a packed batch).
+const ATTN_PAD: usize = 64;
+/// What `out`'s elements before and after the view hold, and must still hold after the kernel.
+const ATTN_SENTINEL: f32 = -7.25;
+
 /// One attention run: q, a cache holding positions `0..start_pos + tokens` with NaN everywhere
-/// else (never to be read), and the output.
+/// else (never to be read), and the whole output buffer: [`ATTN_PAD`] elements of
+/// [`ATTN_SENTINEL`] on each side of the output.
 fn run_attention(kernels: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cache) -> Vec<bf16> {
     let s = kernels.stream();
     let p = AttentionPrefillParams {
@@ -641,67 +872,119 @@ fn run_attention(kernels: &LoadedKernels, c: &AttnCase, q: &[bf16], cache: &Cach
         s.clone_htod(&cache.k).unwrap(),
         s.clone_htod(&cache.v).unwrap(),
     );
-    // q and out are views 64 elements into larger buffers (as the engine passes one request's
-    // rows of a packed batch); out's rows before and after the view hold a sentinel that must
-    // survive.
-    const PAD: usize = 64;
-    let sentinel = bf16::from_f32(-7.25);
-    let mut out = s.clone_htod(&vec![sentinel; q.len() + 2 * PAD]).unwrap();
-    let mut padded_q = vec![bf16::from_f32(3.0); PAD];
+    let sentinel = bf16::from_f32(ATTN_SENTINEL);
+    let mut out = s
+        .clone_htod(&vec![sentinel; q.len() + 2 * ATTN_PAD])
+        .unwrap();
+    let mut padded_q = vec![bf16::from_f32(3.0); ATTN_PAD];
     padded_q.extend_from_slice(q);
     let q = s.clone_htod(&padded_q).unwrap();
     attention_prefill(
         kernels,
-        dev_mut(kernels, &mut out).skip(PAD).unwrap(),
-        dev(kernels, &q).skip(PAD).unwrap(),
+        dev_mut(kernels, &mut out).skip(ATTN_PAD).unwrap(),
+        dev(kernels, &q).skip(ATTN_PAD).unwrap(),
         &kc,
         &vc,
         &blocks,
         &p,
     )
     .unwrap();
-    let all = s.clone_dtoh(&out).unwrap();
-    let (before, rest) = all.split_at(PAD);
-    let (got, after) = rest.split_at(rest.len() - PAD);
-    assert!(
-        before.iter().chain(after).all(|&x| x == sentinel),
-        "attention_prefill wrote outside its view"
-    );
-    got.to_vec()
+    s.clone_dtoh(&out).unwrap()
+}
+
+/// The output view of a [`run_attention`] buffer.
+fn attention_view(all: &[bf16]) -> &[bf16] {
+    &all[ATTN_PAD..all.len() - ATTN_PAD]
+}
+
+/// One attention case's inputs and each path's whole output buffer (SASS, then PTX).
+struct AttnRun {
+    case: AttnCase,
+    q: Vec<bf16>,
+    cache: Cache,
+    /// The query tokens checked against the reference.
+    tokens: Vec<usize>,
+    per_path: Vec<(&'static str, Vec<bf16>)>,
+}
+
+/// Every attention case run once per binary on both paths, from the same inputs.
+fn attention_runs() -> &'static [AttnRun] {
+    static RUNS: OnceLock<Vec<AttnRun>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_attention_prefill runs");
+        eprintln!("device \"{}\": {}", d.name, d.spec);
+        let paths = load_both_paths(&d);
+        eprintln!("{}", describe(&paths[0].1, "attention_prefill"));
+        let case = |name, tokens, start_pos, q_heads, kv_heads, head_dim, sampled| AttnCase {
+            name,
+            tokens,
+            start_pos,
+            q_heads,
+            kv_heads,
+            head_dim,
+            sampled,
+        };
+        let cases = [
+            case("qwen3-4b 1024 tokens", 1024, 0, 32, 8, 128, 24),
+            case("qwen3-4b chunk 700..777", 77, 700, 32, 8, 128, 12),
+            case("qwen3-4b one token at 200", 1, 200, 32, 8, 128, 0),
+            case("head_dim 64, no GQA (3/3)", 133, 5, 3, 3, 64, 0),
+            case("head_dim 128, GQA 3 (6/2)", 50, 0, 6, 2, 128, 0),
+            case("head_dim 256, GQA 8 (16/2)", 70, 31, 16, 2, 256, 0),
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut runs = Vec::new();
+        for c in cases {
+            let positions = c.start_pos + c.tokens;
+            let mut cache = Cache::new(&mut rng, positions, c.kv_heads, c.head_dim, bf16::NAN);
+            cache.fill_positions(&mut rng, positions);
+            let q = random_bf16(&mut rng, c.tokens * c.q_heads * c.head_dim, 2.0);
+            let mut tokens: Vec<usize> = (0..c.tokens).collect();
+            if c.sampled > 0 {
+                tokens.shuffle(&mut rng);
+                tokens.truncate(c.sampled);
+                tokens.extend([0, c.tokens - 1]);
+            }
+            let per_path = paths
+                .iter()
+                .map(|(path, kernels)| (*path, run_attention(kernels, &c, &q, &cache)))
+                .collect();
+            runs.push(AttnRun {
+                case: c,
+                q,
+                cache,
+                tokens,
+                per_path,
+            });
+        }
+        runs
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_writes_only_its_view() {
+    let sentinel = bf16::from_f32(ATTN_SENTINEL);
+    for run in attention_runs() {
+        for (path, all) in &run.per_path {
+            let (before, rest) = all.split_at(ATTN_PAD);
+            let (_, after) = rest.split_at(rest.len() - ATTN_PAD);
+            assert!(
+                before.iter().chain(after).all(|&x| x == sentinel),
+                "[{path}] {}: attention_prefill wrote outside its view",
+                run.case.name
+            );
+        }
+    }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
-    let d = device();
-    let seed = test_seed("gpu_attention_prefill_matches_the_reference_on_both_paths");
-    eprintln!("device \"{}\": {}", d.name, d.spec);
-    let paths = load_both_paths(&d);
-    eprintln!("{}", describe(&paths[0].1, "attention_prefill"));
-    let case = |name, tokens, start_pos, q_heads, kv_heads, head_dim, sampled| AttnCase {
-        name,
-        tokens,
-        start_pos,
-        q_heads,
-        kv_heads,
-        head_dim,
-        sampled,
-    };
-    let cases = [
-        case("qwen3-4b 1024 tokens", 1024, 0, 32, 8, 128, 24),
-        case("qwen3-4b chunk 700..777", 77, 700, 32, 8, 128, 12),
-        case("qwen3-4b one token at 200", 1, 200, 32, 8, 128, 0),
-        case("head_dim 64, no GQA (3/3)", 133, 5, 3, 3, 64, 0),
-        case("head_dim 128, GQA 3 (6/2)", 50, 0, 6, 2, 128, 0),
-        case("head_dim 256, GQA 8 (16/2)", 70, 31, 16, 2, 256, 0),
-    ];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut per_path: Vec<Vec<Vec<bf16>>> = vec![Vec::new(), Vec::new()];
-    for c in &cases {
-        let positions = c.start_pos + c.tokens;
-        let mut cache = Cache::new(&mut rng, positions, c.kv_heads, c.head_dim, bf16::NAN);
-        cache.fill_positions(&mut rng, positions);
-        let q = random_bf16(&mut rng, c.tokens * c.q_heads * c.head_dim, 2.0);
+    let v_max = 2.0;
+    for run in attention_runs() {
+        let (c, cache) = (&run.case, &run.cache);
         let p = AttentionPrefillParams {
             tokens: c.tokens,
             q_heads: c.q_heads,
@@ -710,20 +993,13 @@ fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
             start_pos: c.start_pos,
             softmax_scale: AttentionPrefillParams::default_scale(c.head_dim),
         };
-        let mut tokens: Vec<usize> = (0..c.tokens).collect();
-        if c.sampled > 0 {
-            tokens.shuffle(&mut rng);
-            tokens.truncate(c.sampled);
-            tokens.extend([0, c.tokens - 1]);
-        }
-        let v_max = 2.0;
-        for (i, (path, k)) in paths.iter().enumerate() {
-            let out = run_attention(k, c, &q, &cache);
+        for (path, all) in &run.per_path {
+            let out = attention_view(all);
             let (mut worst, mut differ, mut checked) = (0.0f64, 0usize, 0usize);
-            for &t in &tokens {
+            for &t in &run.tokens {
                 for h in 0..c.q_heads {
                     let want =
-                        attention_prefill_row(&q, &cache.k, &cache.v, &cache.blocks, &p, t, h);
+                        attention_prefill_row(&run.q, &cache.k, &cache.v, &cache.blocks, &p, t, h);
                     let got = &out[(t * c.q_heads + h) * c.head_dim..][..c.head_dim];
                     for (j, (&g, &w)) in got.iter().zip(&want).enumerate() {
                         let (gf, wf) = (f64::from(g.to_f32()), f64::from(w.to_f32()));
@@ -744,148 +1020,225 @@ fn gpu_attention_prefill_matches_the_reference_on_both_paths() {
                 "[{path}] {}: {differ} of {checked} checked outputs differ from the reference, worst error / tolerance {worst:.3}",
                 c.name
             );
-            per_path[i].push(out);
         }
     }
-    for (c, (a, b)) in cases.iter().zip(per_path[0].iter().zip(&per_path[1])) {
-        assert_same_bits(&format!("{}: SASS vs PTX", c.name), a, b);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_sass_equals_ptx() {
+    for run in attention_runs() {
+        assert_same_bits(
+            &format!("{}: SASS vs PTX", run.case.name),
+            attention_view(&run.per_path[0].1),
+            attention_view(&run.per_path[1].1),
+        );
     }
     eprintln!("SASS and PTX outputs are bitwise identical");
+}
+
+/// One prompt's shape, its chunkings, and per chunking the q, k cache, v cache and attention
+/// output of the whole prompt.
+struct ChunkedPrefill {
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    prompt: usize,
+    chunkings: Vec<Vec<usize>>,
+    results: Vec<[Vec<bf16>; 4]>,
+}
+
+impl ChunkedPrefill {
+    fn what(&self, chunks: &[usize]) -> String {
+        format!(
+            "{}/{} heads of {}, {} tokens in {} chunks",
+            self.q_heads,
+            self.kv_heads,
+            self.head_dim,
+            self.prompt,
+            chunks.len()
+        )
+    }
+}
+
+/// Every prompt of every chunking run once per binary under `auto`.
+fn chunked_prefills() -> &'static [ChunkedPrefill] {
+    static RUNS: OnceLock<Vec<ChunkedPrefill>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_prefill chunked runs");
+        let kernels = load_auto(&d);
+        let s = kernels.stream();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // The whole prefill step per chunk: q/k norm + RoPE writing the cache, then attention over
+        // the cache so far. Every chunking must give the same q, cache and attention output bits.
+        let mut runs = Vec::new();
+        for (q_heads, kv_heads, head_dim, prompt, chunkings) in [
+            (
+                32,
+                8,
+                128,
+                1024,
+                vec![
+                    vec![1024],
+                    vec![1, 15, 16, 17, 100, 131, 256, 488],
+                    vec![333, 333, 358],
+                ],
+            ),
+            (
+                6,
+                2,
+                128,
+                200,
+                vec![vec![200], vec![7; 28].into_iter().chain([4]).collect()],
+            ),
+            (16, 2, 256, 150, vec![vec![150], vec![31, 1, 64, 54]]),
+            (3, 3, 64, 97, vec![vec![97], vec![50, 47], vec![1; 97]]),
+        ] {
+            let width = (q_heads + 2 * kv_heads) * head_dim;
+            let qkv = random_bf16(&mut rng, prompt * width, 3.0);
+            let (q_norm, k_norm) = (
+                s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
+                s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
+            );
+            let cos_sin = s.clone_htod(&cos_sin_cache(prompt, head_dim, 1e6)).unwrap();
+            let cache = Cache::new(&mut rng, prompt, kv_heads, head_dim, bf16::NAN);
+            let table = s.clone_htod(&cache.blocks).unwrap();
+            let blocks = BlockTable {
+                table: &table,
+                offset: 0,
+                len: cache.blocks.len(),
+            };
+            // Per chunking: q, k cache, v cache, attention output.
+            let mut results: Vec<[Vec<bf16>; 4]> = Vec::new();
+            for chunks in &chunkings {
+                let mut kc = s.clone_htod(&cache.k).unwrap();
+                let mut vc = s.clone_htod(&cache.v).unwrap();
+                let (mut all_q, mut all_o) = (Vec::new(), Vec::new());
+                let mut start = 0;
+                for &t in chunks {
+                    let p = QkNormRopeParams {
+                        tokens: t,
+                        q_heads,
+                        kv_heads,
+                        head_dim,
+                        qkv_stride: width,
+                        start_pos: start,
+                        eps: 1e-6,
+                        weight_offset: 0.0,
+                    };
+                    let qkv_dev = s
+                        .clone_htod(&qkv[start * width..(start + t) * width])
+                        .unwrap();
+                    let inputs = QkNormRopeInputs {
+                        qkv: dev(&kernels, &qkv_dev),
+                        q_norm: &q_norm,
+                        k_norm: &k_norm,
+                        cos_sin: &cos_sin,
+                        max_position: prompt,
+                        blocks,
+                    };
+                    let mut q = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
+                    qk_norm_rope_cache(
+                        &kernels,
+                        &inputs,
+                        dev_mut(&kernels, &mut q),
+                        &mut kc,
+                        &mut vc,
+                        &p,
+                    )
+                    .unwrap();
+                    let ap = AttentionPrefillParams {
+                        tokens: t,
+                        q_heads,
+                        kv_heads,
+                        head_dim,
+                        start_pos: start,
+                        softmax_scale: AttentionPrefillParams::default_scale(head_dim),
+                    };
+                    let mut o = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
+                    attention_prefill(
+                        &kernels,
+                        dev_mut(&kernels, &mut o),
+                        dev(&kernels, &q),
+                        &kc,
+                        &vc,
+                        &blocks,
+                        &ap,
+                    )
+                    .unwrap();
+                    all_q.extend(s.clone_dtoh(&q).unwrap());
+                    all_o.extend(s.clone_dtoh(&o).unwrap());
+                    start += t;
+                }
+                results.push([
+                    all_q,
+                    s.clone_dtoh(&kc).unwrap(),
+                    s.clone_dtoh(&vc).unwrap(),
+                    all_o,
+                ]);
+            }
+            runs.push(ChunkedPrefill {
+                q_heads,
+                kv_heads,
+                head_dim,
+                prompt,
+                chunkings,
+                results,
+            });
+        }
+        runs
+    })
+}
+
+/// Output `i` (q, k cache, v cache, attention output) of every chunking bitwise equal to that of
+/// one chunk.
+fn check_chunked_output(i: usize, name: &str) {
+    for run in chunked_prefills() {
+        for (chunks, r) in run.chunkings.iter().zip(&run.results).skip(1) {
+            let what = run.what(chunks);
+            assert_same_bits(&format!("{what}: {name}"), &r[i], &run.results[0][i]);
+            eprintln!("{what}: {name} bitwise equal to one chunk");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_attention_output_is_finite_in_every_chunking() {
+    for run in chunked_prefills() {
+        for (chunks, r) in run.chunkings.iter().zip(&run.results) {
+            assert!(
+                r[3].iter().all(|x| x.is_finite()),
+                "{}: non-finite attention output",
+                run.what(chunks)
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_q_does_not_depend_on_the_chunking() {
+    check_chunked_output(0, "q");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_k_cache_does_not_depend_on_the_chunking() {
+    check_chunked_output(1, "k cache");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_prefill_v_cache_does_not_depend_on_the_chunking() {
+    check_chunked_output(2, "v cache");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_prefill_attention_does_not_depend_on_the_chunking() {
-    let d = device();
-    let seed = test_seed("gpu_prefill_attention_does_not_depend_on_the_chunking");
-    let kernels = load_auto(&d);
-    let s = kernels.stream();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // The whole prefill step per chunk: q/k norm + RoPE writing the cache, then attention over
-    // the cache so far. Every chunking must give the same q, cache and attention output bits.
-    for (q_heads, kv_heads, head_dim, prompt, chunkings) in [
-        (
-            32,
-            8,
-            128,
-            1024,
-            vec![
-                vec![1024],
-                vec![1, 15, 16, 17, 100, 131, 256, 488],
-                vec![333, 333, 358],
-            ],
-        ),
-        (
-            6,
-            2,
-            128,
-            200,
-            vec![vec![200], vec![7; 28].into_iter().chain([4]).collect()],
-        ),
-        (16, 2, 256, 150, vec![vec![150], vec![31, 1, 64, 54]]),
-        (3, 3, 64, 97, vec![vec![97], vec![50, 47], vec![1; 97]]),
-    ] {
-        let width = (q_heads + 2 * kv_heads) * head_dim;
-        let qkv = random_bf16(&mut rng, prompt * width, 3.0);
-        let (q_norm, k_norm) = (
-            s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
-            s.clone_htod(&random_bf16(&mut rng, head_dim, 1.5)).unwrap(),
-        );
-        let cos_sin = s.clone_htod(&cos_sin_cache(prompt, head_dim, 1e6)).unwrap();
-        let cache = Cache::new(&mut rng, prompt, kv_heads, head_dim, bf16::NAN);
-        let table = s.clone_htod(&cache.blocks).unwrap();
-        let blocks = BlockTable {
-            table: &table,
-            offset: 0,
-            len: cache.blocks.len(),
-        };
-        // Per chunking: q, k cache, v cache, attention output.
-        let mut results: Vec<[Vec<bf16>; 4]> = Vec::new();
-        for chunks in &chunkings {
-            let mut kc = s.clone_htod(&cache.k).unwrap();
-            let mut vc = s.clone_htod(&cache.v).unwrap();
-            let (mut all_q, mut all_o) = (Vec::new(), Vec::new());
-            let mut start = 0;
-            for &t in chunks {
-                let p = QkNormRopeParams {
-                    tokens: t,
-                    q_heads,
-                    kv_heads,
-                    head_dim,
-                    qkv_stride: width,
-                    start_pos: start,
-                    eps: 1e-6,
-                    weight_offset: 0.0,
-                };
-                let qkv_dev = s
-                    .clone_htod(&qkv[start * width..(start + t) * width])
-                    .unwrap();
-                let inputs = QkNormRopeInputs {
-                    qkv: dev(&kernels, &qkv_dev),
-                    q_norm: &q_norm,
-                    k_norm: &k_norm,
-                    cos_sin: &cos_sin,
-                    max_position: prompt,
-                    blocks,
-                };
-                let mut q = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                qk_norm_rope_cache(
-                    &kernels,
-                    &inputs,
-                    dev_mut(&kernels, &mut q),
-                    &mut kc,
-                    &mut vc,
-                    &p,
-                )
-                .unwrap();
-                let ap = AttentionPrefillParams {
-                    tokens: t,
-                    q_heads,
-                    kv_heads,
-                    head_dim,
-                    start_pos: start,
-                    softmax_scale: AttentionPrefillParams::default_scale(head_dim),
-                };
-                let mut o = s.alloc_zeros::<bf16>(t * q_heads * head_dim).unwrap();
-                attention_prefill(
-                    &kernels,
-                    dev_mut(&kernels, &mut o),
-                    dev(&kernels, &q),
-                    &kc,
-                    &vc,
-                    &blocks,
-                    &ap,
-                )
-                .unwrap();
-                all_q.extend(s.clone_dtoh(&q).unwrap());
-                all_o.extend(s.clone_dtoh(&o).unwrap());
-                start += t;
-            }
-            assert!(
-                all_o.iter().all(|x| x.is_finite()),
-                "non-finite attention output"
-            );
-            results.push([
-                all_q,
-                s.clone_dtoh(&kc).unwrap(),
-                s.clone_dtoh(&vc).unwrap(),
-                all_o,
-            ]);
-        }
-        for (chunks, r) in chunkings.iter().zip(&results).skip(1) {
-            let what = format!(
-                "{q_heads}/{kv_heads} heads of {head_dim}, {prompt} tokens in {} chunks",
-                chunks.len()
-            );
-            for (i, name) in ["q", "k cache", "v cache", "attention output"]
-                .iter()
-                .enumerate()
-            {
-                assert_same_bits(&format!("{what}: {name}"), &r[i], &results[0][i]);
-            }
-            eprintln!("{what}: bitwise equal to one chunk");
-        }
-    }
+    check_chunked_output(3, "attention output");
 }
 
 #[test]
@@ -952,134 +1305,170 @@ fn gpu_attention_prefill_timings() {
     );
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_prefill_launchers_refuse_bad_shapes() {
-    let d = device();
-    let kernels = load_auto(&d);
-    let s = kernels.stream();
-    let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
-    let a = s.alloc_zeros::<bf16>(64 * 64).unwrap();
-    let mut c = s.alloc_zeros::<bf16>(64 * 64).unwrap();
-    let e = err(gemm_bf16(
-        &kernels,
-        &mut c,
-        &a,
-        &a,
-        &GemmShape::dense(8, 12, 64),
-    ));
-    assert!(e.contains("multiples of 8"), "{e}");
-    let e = err(gemm_bf16(
-        &kernels,
-        &mut c,
-        &a,
-        &a,
-        &GemmShape::dense(65, 64, 64),
-    ));
-    assert!(e.contains("`a` holds 4096 elements"), "{e}");
+/// Device buffers that the refusal tests hand the launchers, sized for the shapes they pass.
+struct Buffers {
+    /// 64 x 64 zeros: the GEMM's `a` and `w`, attention's q.
+    a: CudaSlice<bf16>,
+    /// 64 x 64: the GEMM's output.
+    c: CudaSlice<bf16>,
+    /// A block table of two blocks, and a cache of two blocks of one head of 64.
+    table: CudaSlice<i32>,
+    cache: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+}
 
-    let table = s.clone_htod(&[0i32, 1]).unwrap();
-    let blocks = BlockTable {
-        table: &table,
+/// All of a block table of two blocks.
+fn two_blocks(table: &CudaSlice<i32>) -> BlockTable<'_> {
+    BlockTable {
+        table,
         offset: 0,
         len: 2,
-    };
-    let cache = s.alloc_zeros::<bf16>(2 * block_elements(1, 64)).unwrap();
-    let mut out = s.alloc_zeros::<bf16>(64 * 2 * 64).unwrap();
-    let ap = |tokens, start_pos, head_dim, q_heads| AttentionPrefillParams {
+    }
+}
+
+/// Attention over one kv head with the given shape (scale 1/8).
+fn bad_attention(
+    tokens: usize,
+    start_pos: usize,
+    head_dim: usize,
+    q_heads: usize,
+) -> AttentionPrefillParams {
+    AttentionPrefillParams {
         tokens,
         q_heads,
         kv_heads: 1,
         head_dim,
         start_pos,
         softmax_scale: 0.125,
-    };
-    let e = err(attention_prefill(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        dev(&kernels, &a),
-        &cache,
-        &cache,
-        &blocks,
-        &ap(8, 30, 64, 1),
-    ));
-    assert!(e.contains("need 3 cache blocks"), "{e}");
-    // A view that starts off a 16-byte boundary is refused before the kernel sees it.
-    let e = err(attention_prefill(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        dev(&kernels, &a).skip(3).unwrap(),
-        &cache,
-        &cache,
-        &blocks,
-        &ap(8, 0, 64, 1),
-    ));
-    assert!(e.contains("16-byte boundary"), "{e}");
-    let e = err(attention_prefill(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        dev(&kernels, &a),
-        &cache,
-        &cache,
-        &blocks,
-        &ap(8, 0, 96, 1),
-    ));
-    assert!(e.contains("head_dim 96"), "{e}");
-    let e = err(attention_prefill(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        dev(&kernels, &a),
-        &cache,
-        &cache,
-        &blocks,
-        &ap(1, 0, 64, 9),
-    ));
-    assert!(e.contains("at most 8"), "{e}");
-    let past = BlockTable {
-        offset: 1,
-        ..blocks
-    };
-    let e = err(attention_prefill(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        dev(&kernels, &a),
-        &cache,
-        &cache,
-        &past,
-        &ap(1, 0, 64, 1),
-    ));
-    assert!(e.contains("outside the table"), "{e}");
+    }
+}
 
-    let cos_sin = s.alloc_zeros::<f32>(20 * 64).unwrap();
-    let qkv = s.alloc_zeros::<bf16>(8 * 3 * 64).unwrap();
-    let w = s.alloc_zeros::<bf16>(64).unwrap();
-    let (mut kc, mut vc) = (cache.clone(), cache.clone());
-    let inputs = QkNormRopeInputs {
-        qkv: dev(&kernels, &qkv),
-        q_norm: &w,
-        k_norm: &w,
-        cos_sin: &cos_sin,
-        max_position: 20,
-        blocks,
+/// The error `call` returns on fresh buffers under `auto`; the stream still healthy after it.
+fn refusal(call: impl FnOnce(&LoadedKernels, &mut Buffers) -> Result<(), OpsError>) -> String {
+    let d = device();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
+    let mut b = Buffers {
+        a: s.alloc_zeros::<bf16>(64 * 64).unwrap(),
+        c: s.alloc_zeros::<bf16>(64 * 64).unwrap(),
+        table: s.clone_htod(&[0i32, 1]).unwrap(),
+        cache: s.alloc_zeros::<bf16>(2 * block_elements(1, 64)).unwrap(),
+        out: s.alloc_zeros::<bf16>(64 * 2 * 64).unwrap(),
     };
-    let np = QkNormRopeParams {
-        tokens: 8,
-        q_heads: 1,
-        kv_heads: 1,
-        head_dim: 64,
-        qkv_stride: 3 * 64,
-        start_pos: 16,
-        eps: 1e-6,
-        weight_offset: 0.0,
-    };
-    let e = err(qk_norm_rope_cache(
-        &kernels,
-        &inputs,
-        dev_mut(&kernels, &mut out),
-        &mut kc,
-        &mut vc,
-        &np,
-    ));
-    assert!(e.contains("run past the cos/sin table of 20"), "{e}");
+    let e = call(&kernels, &mut b).unwrap_err().to_string();
     s.synchronize().unwrap();
+    e
+}
+
+/// The error of `attention_prefill` with `p` on the buffers: q the 64 x 64 zeros from element
+/// `q_offset` on, the table's blocks from `table_offset` on.
+fn attention_refusal(q_offset: usize, table_offset: usize, p: AttentionPrefillParams) -> String {
+    refusal(|kernels, b| {
+        let blocks = BlockTable {
+            offset: table_offset,
+            ..two_blocks(&b.table)
+        };
+        attention_prefill(
+            kernels,
+            dev_mut(kernels, &mut b.out),
+            dev(kernels, &b.a).skip(q_offset).unwrap(),
+            &b.cache,
+            &b.cache,
+            &blocks,
+            &p,
+        )
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_refuses_n_not_a_multiple_of_8() {
+    let e = refusal(|kernels, b| {
+        gemm_bf16(kernels, &mut b.c, &b.a, &b.a, &GemmShape::dense(8, 12, 64))
+    });
+    assert!(e.contains("multiples of 8"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemm_refuses_an_a_shorter_than_its_shape() {
+    let e = refusal(|kernels, b| {
+        gemm_bf16(kernels, &mut b.c, &b.a, &b.a, &GemmShape::dense(65, 64, 64))
+    });
+    assert!(e.contains("`a` holds 4096 elements"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_refuses_a_table_shorter_than_the_positions() {
+    let e = attention_refusal(0, 0, bad_attention(8, 30, 64, 1));
+    assert!(e.contains("need 3 cache blocks"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_refuses_a_view_off_a_16_byte_boundary() {
+    // Refused before the kernel sees it.
+    let e = attention_refusal(3, 0, bad_attention(8, 0, 64, 1));
+    assert!(e.contains("16-byte boundary"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_refuses_head_dim_96() {
+    let e = attention_refusal(0, 0, bad_attention(8, 0, 96, 1));
+    assert!(e.contains("head_dim 96"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_refuses_more_than_8_query_heads_per_kv_head() {
+    let e = attention_refusal(0, 0, bad_attention(1, 0, 64, 9));
+    assert!(e.contains("at most 8"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_attention_prefill_refuses_blocks_outside_the_table() {
+    let e = attention_refusal(0, 1, bad_attention(1, 0, 64, 1));
+    assert!(e.contains("outside the table"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_qk_norm_rope_refuses_positions_past_the_cos_sin_table() {
+    let e = refusal(|kernels, b| {
+        let s = kernels.stream();
+        let cos_sin = s.alloc_zeros::<f32>(20 * 64).unwrap();
+        let qkv = s.alloc_zeros::<bf16>(8 * 3 * 64).unwrap();
+        let w = s.alloc_zeros::<bf16>(64).unwrap();
+        let (mut kc, mut vc) = (b.cache.clone(), b.cache.clone());
+        let inputs = QkNormRopeInputs {
+            qkv: dev(kernels, &qkv),
+            q_norm: &w,
+            k_norm: &w,
+            cos_sin: &cos_sin,
+            max_position: 20,
+            blocks: two_blocks(&b.table),
+        };
+        let np = QkNormRopeParams {
+            tokens: 8,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            qkv_stride: 3 * 64,
+            start_pos: 16,
+            eps: 1e-6,
+            weight_offset: 0.0,
+        };
+        qk_norm_rope_cache(
+            kernels,
+            &inputs,
+            dev_mut(kernels, &mut b.out),
+            &mut kc,
+            &mut vc,
+            &np,
+        )
+    });
+    assert!(e.contains("run past the cos/sin table of 20"), "{e}");
 }

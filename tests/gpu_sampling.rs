@@ -2,7 +2,8 @@
 //! the PTX fallback), against their CPU definitions: exact equality, no tolerance.
 //!
 //! `#[ignore]`d: they need a CUDA GPU (run with `--include-ignored` there; the GPU bundle does).
-//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`.
+//! The input seed is printed; rerun a failure with `AOT_TEST_SEED=<seed>`. One claim a test: the
+//! runs that several claims check are made once per binary and shared.
 
 mod gpu_common;
 
@@ -14,9 +15,11 @@ use aot_kernels::ops::sampling::{
     SamplingParams, SAMPLE_CANDIDATES,
 };
 use aot_kernels::ops::{dev, dev_mut, OpsError};
+use cudarc::driver::CudaSlice;
 use gpu_common::{device, load_auto, load_both_paths, test_seed, time_ms};
 use half::bf16;
 use rand::{Rng, SeedableRng};
+use std::sync::OnceLock;
 
 /// A row of logits of one of several characters: LLM-like (a few strong candidates over a
 /// broad tail), flat, very peaked, few distinct values (ties everywhere), a plateau at the top,
@@ -189,33 +192,63 @@ fn run(kernels: &LoadedKernels, b: &Batch) -> Vec<i32> {
     s.clone_dtoh(&tokens).unwrap()
 }
 
+/// The sampling batches and each path's tokens for them.
+struct SamplingRuns {
+    seed: u64,
+    batches: Vec<Batch>,
+    /// Per path (SASS, then PTX), per batch, the tokens sampled.
+    per_path: Vec<(&'static str, Vec<Vec<i32>>)>,
+}
+
+/// Every batch sampled once per binary on both paths.
+fn sampling_runs() -> &'static SamplingRuns {
+    static RUNS: OnceLock<SamplingRuns> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let seed = test_seed("gpu_sampling runs");
+        eprintln!("device \"{}\": {}", d.name, d.spec);
+        let paths = load_both_paths(&d);
+        eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // Qwen3's vocabulary (all kinds, then a trained model's shape under top-k), an odd one
+        // with padded rows, Qwen3.5's, and tiny ones; then greedy rows alone, at 16-byte aligned
+        // row starts and (stride 151,935) at every other alignment.
+        let batches = vec![
+            batch(&mut rng, 72, 151_936, 0),
+            top_k_batch(&mut rng, 24, 151_936),
+            greedy_batch(&mut rng, 16, 151_936, 0),
+            greedy_batch(&mut rng, 16, 151_933, 2),
+            greedy_batch(&mut rng, 12, 4_099, 0),
+            batch(&mut rng, 27, 50_021, 3),
+            batch(&mut rng, 9, 248_320, 0),
+            batch(&mut rng, 36, 7, 1),
+            batch(&mut rng, 9, 1, 0),
+        ];
+        let per_path = paths
+            .iter()
+            .map(|(path, kernels)| {
+                (
+                    *path,
+                    batches.iter().map(|b| run(kernels, b)).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        SamplingRuns {
+            seed,
+            batches,
+            per_path,
+        }
+    })
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_sampling_equals_the_reference_token_for_token() {
-    let d = device();
-    let seed = test_seed("gpu_sampling_equals_the_reference_token_for_token");
-    eprintln!("device \"{}\": {}", d.name, d.spec);
-    let paths = load_both_paths(&d);
-    eprintln!("{}", gpu_common::describe(&paths[0].1, "sampling"));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // Qwen3's vocabulary (all kinds, then a trained model's shape under top-k), an odd one with
-    // padded rows, Qwen3.5's, and tiny ones; then greedy rows alone, at 16-byte aligned row starts
-    // and (stride 151,935) at every other alignment.
-    let batches = [
-        batch(&mut rng, 72, 151_936, 0),
-        top_k_batch(&mut rng, 24, 151_936),
-        greedy_batch(&mut rng, 16, 151_936, 0),
-        greedy_batch(&mut rng, 16, 151_933, 2),
-        greedy_batch(&mut rng, 12, 4_099, 0),
-        batch(&mut rng, 27, 50_021, 3),
-        batch(&mut rng, 9, 248_320, 0),
-        batch(&mut rng, 36, 7, 1),
-        batch(&mut rng, 9, 1, 0),
-    ];
+fn gpu_sampling_rows_take_both_candidate_paths() {
+    let SamplingRuns { seed, batches, .. } = sampling_runs();
     // The kernel runs a row's passes over its candidates when they fit, else over the whole row:
     // both must be among the rows checked.
     let (mut within, mut past) = (0, 0);
-    for b in &batches {
+    for b in batches {
         for (r, p) in b.params.iter().enumerate() {
             let row = &b.logits[r * b.shape.row_stride..][..b.shape.vocab];
             if !p.is_greedy() && b.shape.vocab > SAMPLE_CANDIDATES {
@@ -231,12 +264,15 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
         within >= 10 && past >= 10,
         "both candidate paths need rows (input seed {seed})"
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_equals_the_reference_token_for_token() {
+    let runs = sampling_runs();
     let mut mismatches = Vec::new();
-    let mut per_path = Vec::new();
-    for (path, k) in &paths {
-        let mut all = Vec::new();
-        for b in &batches {
-            let got = run(k, b);
+    for (path, tokens) in &runs.per_path {
+        for (b, got) in runs.batches.iter().zip(tokens) {
             for (r, &token) in got.iter().enumerate() {
                 let row = &b.logits[r * b.shape.row_stride..][..b.shape.vocab];
                 let want = sample_reference(row, &b.params[r], b.seeds[r], b.counters[r]);
@@ -247,20 +283,31 @@ fn gpu_sampling_equals_the_reference_token_for_token() {
                     ));
                 }
             }
-            all.extend(got);
         }
-        eprintln!("[{path}] {} rows sampled", all.len());
-        per_path.push(all);
+        eprintln!(
+            "[{path}] {} rows sampled",
+            tokens.iter().map(Vec::len).sum::<usize>()
+        );
     }
     for m in &mismatches {
         eprintln!("{m}");
     }
     assert!(
         mismatches.is_empty(),
-        "{} rows differ from the reference (input seed {seed})",
-        mismatches.len()
+        "{} rows differ from the reference (input seed {})",
+        mismatches.len(),
+        runs.seed
     );
-    assert_eq!(per_path[0], per_path[1], "SASS and PTX chose differently");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_sass_equals_ptx() {
+    let runs = sampling_runs();
+    assert_eq!(
+        runs.per_path[0].1, runs.per_path[1].1,
+        "SASS and PTX chose differently"
+    );
 }
 
 #[test]
@@ -333,31 +380,67 @@ fn gpu_sampling_timings() {
     }
 }
 
+/// One `fill_uniform_bf16` call: n, seed, stream, scale, offset.
+type FillCase = (usize, u64, u64, f32, f32);
+
+/// The fill cases, and per path (SASS, then PTX) per case the output, 5 elements past n
+/// included (allocated as zeros).
+struct FillRuns {
+    cases: Vec<FillCase>,
+    per_path: Vec<(&'static str, Vec<Vec<bf16>>)>,
+}
+
+/// Every fill case run once per binary on both paths.
+fn fill_runs() -> &'static FillRuns {
+    static RUNS: OnceLock<FillRuns> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = device();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(test_seed("gpu_fill_uniform runs"));
+        let cases: Vec<FillCase> = (0..3)
+            .map(|i| {
+                (
+                    [1usize, 4_097, 3_000_017][i],
+                    rng.gen(),
+                    rng.gen(),
+                    rng.gen_range(0.001..2.0),
+                    rng.gen_range(-1.0..1.0),
+                )
+            })
+            .collect();
+        let per_path = load_both_paths(&d)
+            .iter()
+            .map(|(path, kernels)| {
+                let s = kernels.stream();
+                let outs: Vec<_> = cases
+                    .iter()
+                    .map(|&(n, seed, stream, scale, offset)| {
+                        let mut out = s.alloc_zeros::<bf16>(n + 5).unwrap();
+                        fill_uniform_bf16(
+                            kernels,
+                            dev_mut(kernels, &mut out),
+                            n,
+                            seed,
+                            stream,
+                            scale,
+                            offset,
+                        )
+                        .unwrap();
+                        s.clone_dtoh(&out).unwrap()
+                    })
+                    .collect();
+                (*path, outs)
+            })
+            .collect();
+        FillRuns { cases, per_path }
+    })
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_fill_uniform_equals_the_reference_bit_for_bit() {
-    let d = device();
-    let seed = test_seed("gpu_fill_uniform_equals_the_reference_bit_for_bit");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut outputs = Vec::new();
-    let cases: Vec<(usize, u64, u64, f32, f32)> = (0..3)
-        .map(|i| {
-            (
-                [1usize, 4_097, 3_000_017][i],
-                rng.gen(),
-                rng.gen(),
-                rng.gen_range(0.001..2.0),
-                rng.gen_range(-1.0..1.0),
-            )
-        })
-        .collect();
-    for (path, k) in &load_both_paths(&d) {
-        let s = k.stream();
-        let mut per_path = Vec::new();
-        for &(n, seed, stream, scale, offset) in &cases {
-            let mut out = s.alloc_zeros::<bf16>(n + 5).unwrap();
-            fill_uniform_bf16(k, dev_mut(k, &mut out), n, seed, stream, scale, offset).unwrap();
-            let got = s.clone_dtoh(&out).unwrap();
+    let runs = fill_runs();
+    for (path, outs) in &runs.per_path {
+        for (&(n, seed, stream, scale, offset), got) in runs.cases.iter().zip(outs) {
             let want = fill_uniform_bf16_reference(n, seed, stream, scale, offset);
             let first_diff = got[..n]
                 .iter()
@@ -367,89 +450,138 @@ fn gpu_fill_uniform_equals_the_reference_bit_for_bit() {
                 first_diff, None,
                 "[{path}] n {n} seed {seed} stream {stream} scale {scale} offset {offset}: first difference"
             );
-            assert!(
-                got[n..].iter().all(|v| v.to_bits() == 0),
-                "[{path}] wrote past n"
-            );
             eprintln!("[{path}] fill_uniform_bf16 n {n}: bitwise equal to the reference");
-            per_path.push(got);
         }
-        outputs.push(per_path);
     }
-    assert_eq!(outputs[0], outputs[1]);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_sampling_refuses_bad_shapes() {
-    let d = device();
-    let kernels = load_auto(&d);
-    let s = kernels.stream();
-    let logits = s.alloc_zeros::<f32>(100).unwrap();
-    let f = s.alloc_zeros::<f32>(2).unwrap();
-    let u = s.alloc_zeros::<u32>(2).unwrap();
-    let w = s.alloc_zeros::<u64>(2).unwrap();
-    let short = s.alloc_zeros::<u64>(1).unwrap();
-    let mut tokens = s.alloc_zeros::<i32>(2).unwrap();
-    let ok = DeviceSamplingParams {
-        temperature: dev(&kernels, &f),
-        top_k: dev(&kernels, &u),
-        top_p: dev(&kernels, &f),
-        seed: dev(&kernels, &w),
-        counter: dev(&kernels, &w),
-    };
-    let shape = |rows, vocab, row_stride| LogitsShape {
+fn gpu_fill_uniform_writes_nothing_past_n() {
+    let runs = fill_runs();
+    for (path, outs) in &runs.per_path {
+        for (&(n, ..), got) in runs.cases.iter().zip(outs) {
+            assert!(
+                got[n..].iter().all(|v| v.to_bits() == 0),
+                "[{path}] wrote past n"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_fill_uniform_sass_equals_ptx() {
+    let runs = fill_runs();
+    assert_eq!(runs.per_path[0].1, runs.per_path[1].1);
+}
+
+/// Device buffers that the refusal tests hand the launchers: 100 logits, two rows' parameters
+/// and a counter of one row.
+struct Buffers {
+    logits: CudaSlice<f32>,
+    f: CudaSlice<f32>,
+    u: CudaSlice<u32>,
+    w: CudaSlice<u64>,
+    short: CudaSlice<u64>,
+}
+
+/// What the refused launchers would write: two tokens, and 4 bf16 outputs.
+struct Outputs {
+    tokens: CudaSlice<i32>,
+    out: CudaSlice<bf16>,
+}
+
+impl Buffers {
+    /// Parameters of the right length for two rows.
+    fn params<'a>(&'a self, kernels: &'a LoadedKernels) -> DeviceSamplingParams<'a> {
+        DeviceSamplingParams {
+            temperature: dev(kernels, &self.f),
+            top_k: dev(kernels, &self.u),
+            top_p: dev(kernels, &self.f),
+            seed: dev(kernels, &self.w),
+            counter: dev(kernels, &self.w),
+        }
+    }
+}
+
+fn shape(rows: usize, vocab: usize, row_stride: usize) -> LogitsShape {
+    LogitsShape {
         rows,
         vocab,
         row_stride,
+    }
+}
+
+/// The error `call` returns on fresh buffers under `auto`. Nothing was launched: the stream is
+/// healthy after it.
+fn refusal(
+    call: impl FnOnce(&LoadedKernels, &Buffers, &mut Outputs) -> Result<(), OpsError>,
+) -> String {
+    let d = device();
+    let kernels = load_auto(&d);
+    let s = kernels.stream();
+    let b = Buffers {
+        logits: s.alloc_zeros::<f32>(100).unwrap(),
+        f: s.alloc_zeros::<f32>(2).unwrap(),
+        u: s.alloc_zeros::<u32>(2).unwrap(),
+        w: s.alloc_zeros::<u64>(2).unwrap(),
+        short: s.alloc_zeros::<u64>(1).unwrap(),
     };
-    let err = |r: Result<(), OpsError>| r.unwrap_err().to_string();
-    let e = err(sample_tokens(
-        &kernels,
-        &mut tokens,
-        &logits,
-        &shape(2, 60, 60),
-        &ok,
-    ));
-    assert!(e.contains("`logits` holds 100 elements"), "{e}");
-    let e = err(sample_tokens(
-        &kernels,
-        &mut tokens,
-        &logits,
-        &shape(2, 50, 40),
-        &ok,
-    ));
-    assert!(e.contains("row stride 40 is shorter"), "{e}");
-    let e = err(sample_tokens(
-        &kernels,
-        &mut tokens,
-        &logits,
-        &shape(2, 0, 0),
-        &ok,
-    ));
-    assert!(e.contains("vocabulary"), "{e}");
-    let e = err(sample_tokens(
-        &kernels,
-        &mut tokens,
-        &logits,
-        &shape(2, 50, 50),
-        &DeviceSamplingParams {
-            counter: dev(&kernels, &short),
-            ..ok
-        },
-    ));
-    assert!(e.contains("`counter` holds 1 elements"), "{e}");
-    let mut out = s.alloc_zeros::<bf16>(4).unwrap();
-    let e = err(fill_uniform_bf16(
-        &kernels,
-        dev_mut(&kernels, &mut out),
-        5,
-        1,
-        2,
-        1.0,
-        0.0,
-    ));
-    assert!(e.contains("`out` holds 4 elements"), "{e}");
-    // Nothing was launched: the stream is healthy.
+    let mut o = Outputs {
+        tokens: s.alloc_zeros::<i32>(2).unwrap(),
+        out: s.alloc_zeros::<bf16>(4).unwrap(),
+    };
+    let e = call(&kernels, &b, &mut o).unwrap_err().to_string();
     s.synchronize().unwrap();
+    e
+}
+
+/// `sample_tokens` on the buffers' logits, into their tokens, with parameters of the right
+/// length for two rows, or (`short_counter`) with a counter of one row.
+fn sample_refusal(shape: LogitsShape, short_counter: bool) -> String {
+    refusal(|kernels, b, o| {
+        let mut params = b.params(kernels);
+        if short_counter {
+            params.counter = dev(kernels, &b.short);
+        }
+        sample_tokens(kernels, &mut o.tokens, &b.logits, &shape, &params)
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_refuses_logits_shorter_than_the_shape() {
+    let e = sample_refusal(shape(2, 60, 60), false);
+    assert!(e.contains("`logits` holds 100 elements"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_refuses_a_row_stride_shorter_than_the_vocabulary() {
+    let e = sample_refusal(shape(2, 50, 40), false);
+    assert!(e.contains("row stride 40 is shorter"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_refuses_an_empty_vocabulary() {
+    let e = sample_refusal(shape(2, 0, 0), false);
+    assert!(e.contains("vocabulary"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_sampling_refuses_a_counter_shorter_than_the_rows() {
+    let e = sample_refusal(shape(2, 50, 50), true);
+    assert!(e.contains("`counter` holds 1 elements"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_fill_uniform_refuses_an_out_shorter_than_n() {
+    let e = refusal(|kernels, _, o| {
+        fill_uniform_bf16(kernels, dev_mut(kernels, &mut o.out), 5, 1, 2, 1.0, 0.0)
+    });
+    assert!(e.contains("`out` holds 4 elements"), "{e}");
 }

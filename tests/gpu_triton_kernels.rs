@@ -6,10 +6,13 @@
 //! `#[ignore]`d: a machine without a GPU lists it as ignored. On the GPU machine (the bundle's
 //! run.sh passes --include-ignored) a missing device, a missing python3 with torch and
 //! transformers, or any failed comparison fails the test. `AOT_ORACLE_PYTHON` picks the python.
+//! One claim a test: the kernels run once per binary, and each test checks one thing of those
+//! runs.
 
 mod triton_common;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::compare::ulp_distance;
@@ -18,7 +21,7 @@ use aot_kernels::ops::gated_delta_net::{
 };
 use aot_kernels::ops::moe::{
     moe_forward, moe_reference, moe_reference_from_logits, moe_router_logits_reference,
-    routing_margin_ulps, MoeLayer, MoeScratch, MoeWeightsHost,
+    routing_margin_ulps, MoeLayer, MoeReference, MoeScratch, MoeWeightsHost,
 };
 use half::bf16;
 use rand::Rng;
@@ -166,204 +169,472 @@ fn cases_dir() -> PathBuf {
     dir
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU, python3 with torch and transformers: run with --include-ignored on the GPU machine"]
-fn gpu_triton_kernels_match_cpu_references_and_transformers() {
-    let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let seed: u64 = std::env::var("AOT_SEED")
+/// The input seed: `AOT_SEED=N` repeats a run, else a fresh one.
+fn triton_seed() -> u64 {
+    std::env::var("AOT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!(
-        "device \"{}\": {}; seed {seed} (AOT_SEED={seed} repeats this run)",
-        d.name, d.spec
-    );
-    let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
-    let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
-    eprintln!("{}", sass.report().to_table());
-    for m in &sass.report().modules {
-        if aot_kernels::ops::triton::record(&m.module).is_some() {
-            assert!(!m.jit, "{}: auto must load SASS on this GPU", m.module);
-        }
-    }
-    let dir = cases_dir();
-    let mut cases = Vec::new();
-    let mut rng = rng(seed);
-    let GdnFixture {
-        params: p,
-        conv0,
-        rec0,
-        decode,
-        prefill,
-    } = gdn_fixture(&mut rng, SLOTS);
-    for (name, batch, is_decode) in [
-        ("gdn_decode", &decode, true),
-        ("gdn_prefill", &prefill, false),
-    ] {
-        let (mut conv_w, mut rec_w) = (conv0.clone(), rec0.clone());
-        let want = gdn_reference(
-            &GDN,
-            &p,
-            &mut conv_w,
-            &mut rec_w,
-            &batch.seqs,
-            &batch.qkv,
-            &batch.a,
-            &batch.b,
-            &batch.z,
-        );
-        let got = run_gdn(&sass, &p, batch, &conv0, &rec0, is_decode);
-        let got_ptx = run_gdn(&ptx, &p, batch, &conv0, &rec0, is_decode);
-        for (path, g) in [("sass", &got), ("ptx", &got_ptx)] {
-            check_bf16(&format!("[{path}] {name} out vs CPU"), &g.0, &want);
-            assert_eq!(g.1, conv_w, "[{path}] {name}: conv state");
-            check_f32(&format!("[{path}] {name} state vs CPU"), &g.2, &rec_w);
-        }
-        let (rel, _) = bf16_error(&got_ptx.0, &got.0);
-        eprintln!("{name}: SASS vs PTX JIT outputs differ by {rel:.2e} of max");
-        cases.push(write_gdn_case(&dir, name, &p, batch, &conv0, &rec0, &got));
-    }
+        .unwrap_or_else(rand::random)
+}
 
-    // Chunked prefill: one prompt in one call, and in pieces with the state carried.
-    let whole = gdn_batch(&mut rng, &[200], &[10], &[true]);
-    let one = run_gdn(&sass, &p, &whole, &conv0, &rec0, false);
-    let (mut conv, mut rec, mut pieces_out) = (conv0.clone(), rec0.clone(), Vec::new());
-    let mut start = 0;
-    for len in [37, 64, 99] {
-        let piece = GdnBatchHost {
-            seqs: vec![SeqSpec {
-                start: 0,
-                len,
-                slot: 10,
-                has_state: true,
-            }],
-            qkv: whole.qkv[start * GDN.conv_dim()..(start + len) * GDN.conv_dim()].to_vec(),
-            a: whole.a[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
-            b: whole.b[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
-            z: whole.z[start * GDN.value_width()..(start + len) * GDN.value_width()].to_vec(),
-        };
-        let r = run_gdn(&sass, &p, &piece, &conv, &rec, false);
-        pieces_out.extend(r.0);
-        (conv, rec) = (r.1, r.2);
-        start += len;
+/// A GDN run's output, conv state and recurrent state.
+type GdnOut = (Vec<bf16>, Vec<bf16>, Vec<f32>);
+
+/// One GDN batch (decode or prefill) from the fixture's states: the CPU reference's result and
+/// each path's (SASS, then PTX).
+struct GdnRun {
+    name: &'static str,
+    want: GdnOut,
+    per_path: [(&'static str, GdnOut); 2],
+}
+
+/// One MoE batch on one path: the routing, router logits, routing weights and output the kernels
+/// left, and the reference fed the kernel's own logits.
+struct MoeRun {
+    tokens: usize,
+    ids: Vec<i32>,
+    logits: Vec<bf16>,
+    weights: Vec<bf16>,
+    out: Vec<bf16>,
+    own: MoeReference,
+}
+
+/// Every Triton kernel run once per binary on both paths, with the inputs and references the
+/// tests compare them to.
+struct TritonRuns {
+    moe_seed: u64,
+    /// Each Triton module `auto` loaded, and whether it was JIT-compiled.
+    sass_jit: Vec<(String, bool)>,
+    gdn: GdnFixture,
+    gdn_runs: Vec<GdnRun>,
+    /// One prompt of 200 tokens in one prefill call, and in pieces of 37, 64 and 99 with the state
+    /// carried (SASS).
+    whole: GdnBatchHost,
+    one: GdnOut,
+    pieces: GdnOut,
+    moe: MoeWeightsHost,
+    moe_inputs: Vec<Vec<bf16>>,
+    moe_refs: Vec<MoeReference>,
+    moe_runs: Vec<(&'static str, Vec<MoeRun>)>,
+}
+
+fn triton_runs() -> &'static TritonRuns {
+    static RUNS: OnceLock<TritonRuns> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
+        let seed = triton_seed();
+        eprintln!(
+            "device \"{}\": {}; seed {seed} (AOT_SEED={seed} repeats this run)",
+            d.name, d.spec
+        );
+        let sass = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+        let ptx = load_available(&d, Policy::PtxOnly, &ModuleSource::registry()).unwrap();
+        eprintln!("{}", sass.report().to_table());
+        let sass_jit = sass
+            .report()
+            .modules
+            .iter()
+            .filter(|m| aot_kernels::ops::triton::record(&m.module).is_some())
+            .map(|m| (m.module.clone(), m.jit))
+            .collect();
+        let mut rng = rng(seed);
+        let gdn = gdn_fixture(&mut rng, SLOTS);
+        let (p, conv0, rec0) = (&gdn.params, &gdn.conv0, &gdn.rec0);
+        let gdn_runs = [
+            ("gdn_decode", &gdn.decode, true),
+            ("gdn_prefill", &gdn.prefill, false),
+        ]
+        .into_iter()
+        .map(|(name, batch, is_decode)| {
+            let (mut conv_w, mut rec_w) = (conv0.clone(), rec0.clone());
+            let want = gdn_reference(
+                &GDN,
+                p,
+                &mut conv_w,
+                &mut rec_w,
+                &batch.seqs,
+                &batch.qkv,
+                &batch.a,
+                &batch.b,
+                &batch.z,
+            );
+            let got = run_gdn(&sass, p, batch, conv0, rec0, is_decode);
+            let got_ptx = run_gdn(&ptx, p, batch, conv0, rec0, is_decode);
+            let (rel, _) = bf16_error(&got_ptx.0, &got.0);
+            eprintln!("{name}: SASS vs PTX JIT outputs differ by {rel:.2e} of max");
+            GdnRun {
+                name,
+                want: (want, conv_w, rec_w),
+                per_path: [("sass", got), ("ptx", got_ptx)],
+            }
+        })
+        .collect();
+
+        // Chunked prefill: one prompt in one call, and in pieces with the state carried.
+        let whole = gdn_batch(&mut rng, &[200], &[10], &[true]);
+        let one = run_gdn(&sass, p, &whole, conv0, rec0, false);
+        let (mut conv, mut rec, mut pieces_out) = (conv0.clone(), rec0.clone(), Vec::new());
+        let mut start = 0;
+        for len in [37, 64, 99] {
+            let piece = GdnBatchHost {
+                seqs: vec![SeqSpec {
+                    start: 0,
+                    len,
+                    slot: 10,
+                    has_state: true,
+                }],
+                qkv: whole.qkv[start * GDN.conv_dim()..(start + len) * GDN.conv_dim()].to_vec(),
+                a: whole.a[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
+                b: whole.b[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
+                z: whole.z[start * GDN.value_width()..(start + len) * GDN.value_width()].to_vec(),
+            };
+            let r = run_gdn(&sass, p, &piece, &conv, &rec, false);
+            pieces_out.extend(r.0);
+            (conv, rec) = (r.1, r.2);
+            start += len;
+        }
+
+        // MoE for 1..8 tokens; every expert no token chooses is NaN on the GPU, so reading one
+        // shows.
+        let moe_seed = seed ^ 0x5EED;
+        let w = moe_weights(&mut rng, moe_seed);
+        let moe_inputs = moe_inputs(&mut rng, &w);
+        let moe_refs: Vec<_> = moe_inputs
+            .iter()
+            .map(|x| moe_reference(&MOE, &w, x))
+            .collect();
+        let chosen: std::collections::BTreeSet<i32> = moe_refs
+            .iter()
+            .flat_map(|r| r.topk_ids.iter().copied())
+            .collect();
+        eprintln!(
+            "MoE: {} distinct experts chosen over 1..8 tokens; the other {} are NaN",
+            chosen.len(),
+            MOE.experts - chosen.len()
+        );
+        let (h, i) = (MOE.hidden, MOE.inter);
+        let (mut gate_up, mut down) = (w.gate_up.clone(), w.down.clone());
+        for e in 0..MOE.experts {
+            if !chosen.contains(&(e as i32)) {
+                gate_up[e * 2 * i * h..(e + 1) * 2 * i * h].fill(bf16::NAN);
+                down[e * h * i..(e + 1) * h * i].fill(bf16::NAN);
+            }
+        }
+        let moe_runs = [("sass", &sass), ("ptx", &ptx)]
+            .into_iter()
+            .map(|(path, kernels)| {
+                let st = kernels.stream();
+                let dev = MoeDevice::new(st, &w, &gate_up, &down);
+                let layer = dev.layer();
+                let mut scratch = MoeScratch::new(st, &MOE, 8).unwrap();
+                let runs: Vec<MoeRun> = moe_inputs
+                    .iter()
+                    .map(|x| {
+                        let tokens = x.len() / h;
+                        let dx = upload(st, x);
+                        let mut out = st.alloc_zeros::<bf16>(tokens * h).unwrap();
+                        moe_forward(kernels, &MOE, &layer, &dx, tokens, &mut scratch, &mut out)
+                            .unwrap();
+                        st.synchronize().unwrap();
+                        let ids = download(st, &scratch.topk_ids)[..tokens * MOE.top_k].to_vec();
+                        let logits =
+                            download(st, &scratch.logits)[..tokens * (MOE.experts + 1)].to_vec();
+                        let weights =
+                            download(st, &scratch.topk_weights)[..tokens * MOE.top_k].to_vec();
+                        // The reference fed the kernel's own logits: a logit one bf16 ulp off
+                        // (another summation order, within the logits' check) moves the
+                        // weights and the output by several ulps. Against the reference's
+                        // logits, seed 13172502825071228932 put one routing weight of 48 past 2
+                        // ulps, and seed 14398937561076549503 3.3% of 6 tokens' outputs.
+                        let own = moe_reference_from_logits(&MOE, &w, x, &logits);
+                        MoeRun {
+                            tokens,
+                            ids,
+                            logits,
+                            weights,
+                            out: download(st, &out),
+                            own,
+                        }
+                    })
+                    .collect();
+                (path, runs)
+            })
+            .collect();
+        TritonRuns {
+            moe_seed,
+            sass_jit,
+            gdn,
+            gdn_runs,
+            whole,
+            one,
+            pieces: (pieces_out, conv, rec),
+            moe: w,
+            moe_inputs,
+            moe_refs,
+            moe_runs,
+        }
+    })
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_triton_modules_load_as_sass_under_auto() {
+    for (module, jit) in &triton_runs().sass_jit {
+        assert!(!jit, "{module}: auto must load SASS on this GPU");
     }
+}
+
+/// The GDN batch `name`'s run.
+fn gdn_run(name: &str) -> &'static GdnRun {
+    let runs = triton_runs();
+    runs.gdn_runs.iter().find(|r| r.name == name).unwrap()
+}
+
+fn check_gdn_out(name: &str) {
+    let run = gdn_run(name);
+    for (path, g) in &run.per_path {
+        check_bf16(&format!("[{path}] {name} out vs CPU"), &g.0, &run.want.0);
+    }
+}
+
+fn check_gdn_conv_state(name: &str) {
+    let run = gdn_run(name);
+    for (path, g) in &run.per_path {
+        assert_eq!(g.1, run.want.1, "[{path}] {name}: conv state");
+    }
+}
+
+fn check_gdn_state(name: &str) {
+    let run = gdn_run(name);
+    for (path, g) in &run.per_path {
+        check_f32(&format!("[{path}] {name} state vs CPU"), &g.2, &run.want.2);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_decode_output_matches_the_cpu_reference() {
+    check_gdn_out("gdn_decode");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_decode_conv_state_equals_the_cpu_reference() {
+    check_gdn_conv_state("gdn_decode");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_decode_recurrent_state_matches_the_cpu_reference() {
+    check_gdn_state("gdn_decode");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_output_matches_the_cpu_reference() {
+    check_gdn_out("gdn_prefill");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_conv_state_equals_the_cpu_reference() {
+    check_gdn_conv_state("gdn_prefill");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_recurrent_state_matches_the_cpu_reference() {
+    check_gdn_state("gdn_prefill");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_in_pieces_output_matches_one_call() {
+    let runs = triton_runs();
     check_bf16(
         "prefill in pieces 37+64+99 vs one call",
-        &pieces_out,
-        &one.0,
+        &runs.pieces.0,
+        &runs.one.0,
     );
-    assert_eq!(conv, one.1, "conv state after pieces");
-    check_f32("state after pieces vs one call", &rec, &one.2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_in_pieces_conv_state_equals_one_call() {
+    let runs = triton_runs();
+    assert_eq!(runs.pieces.1, runs.one.1, "conv state after pieces");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_prefill_in_pieces_recurrent_state_matches_one_call() {
+    let runs = triton_runs();
+    check_f32(
+        "state after pieces vs one call",
+        &runs.pieces.2,
+        &runs.one.2,
+    );
+}
+
+/// Every MoE run on both paths, with the reference's result for its input: `check(path, run,
+/// reference)`.
+fn each_moe_run(mut check: impl FnMut(&str, &MoeRun, &MoeReference)) {
+    let runs = triton_runs();
+    for (path, moe) in &runs.moe_runs {
+        for (run, want) in moe.iter().zip(&runs.moe_refs) {
+            check(path, run, want);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_routing_equals_the_cpu_reference() {
+    each_moe_run(|path, run, want| {
+        assert_eq!(
+            run.ids, want.topk_ids,
+            "[{path}] {} tokens: routing",
+            run.tokens
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_router_logits_match_the_cpu_reference() {
+    each_moe_run(|path, run, want| {
+        check_bf16(
+            &format!("[{path}] moe {} tokens router logits vs CPU", run.tokens),
+            &run.logits,
+            &want.logits,
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_routing_equals_the_routing_of_its_logits() {
+    each_moe_run(|path, run, _| {
+        assert_eq!(
+            run.ids, run.own.topk_ids,
+            "[{path}] {} tokens: routing of its logits",
+            run.tokens
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_routing_weights_are_within_one_ulp_of_those_of_its_logits() {
+    each_moe_run(|path, run, _| {
+        let tokens = run.tokens;
+        // From the same logits only the fp32 softmax differs from the float64 one: at most a
+        // rounding flip, for every weight.
+        let worst = run
+            .weights
+            .iter()
+            .zip(&run.own.topk_weights)
+            .map(|(g, w)| ulp_distance(*g, *w))
+            .max()
+            .unwrap_or(0);
+        eprintln!("[{path}] moe {tokens} tokens routing weights vs CPU from its logits: at most {worst} ulp apart");
+        assert!(
+            worst <= 1,
+            "[{path}] moe {tokens} tokens routing weights: {worst} ulps from the routing of its logits \
+             (got {:?}, want {:?})",
+            run.weights,
+            run.own.topk_weights
+        );
+    });
+}
+
+/// The output against the reference fed its logits: (what, max |diff| over the largest value,
+/// share within 2 ulps of the result, share within 2 ulps of each element's rounding chain).
+fn moe_out_error(path: &str, run: &MoeRun) -> (String, f64, f64, f64) {
+    let what = format!(
+        "[{path}] moe {} tokens out vs CPU from its logits",
+        run.tokens
+    );
+    let (rel, near) = bf16_error(&run.out, &run.own.out);
+    let chain_near = bf16_chain_near(&run.out, &run.own.out, &run.own.out_chain);
+    eprintln!(
+        "{what}: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp, {chain_near:.4} within 2 ulp of its chain"
+    );
+    (what, rel, near, chain_near)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_output_matches_the_cpu_reference_from_its_logits() {
+    // Within 2 ulps of each element's rounding chain (the weighted experts summed in bf16, then
+    // the shared expert): seed 3313329556806431867 put 2.5% of one token's outputs past 2 ulps
+    // of the result, where a partial sum was larger than the result.
+    each_moe_run(|path, run, _| {
+        let (what, rel, _, chain_near) = moe_out_error(path, run);
+        check_bf16_error(&what, &run.out, rel, chain_near);
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_output_is_near_its_chain_and_its_result_in_the_stated_shares() {
+    // Tighter than the shared bound at the chain's scale (every case on the H200 had all
+    // elements there), and a looser one at the result's own (0.9746 at worst, above).
+    each_moe_run(|path, run, _| {
+        let (what, _, near, chain_near) = moe_out_error(path, run);
+        assert!(
+            chain_near >= MOE_CHAIN_NEAR_SHARE && near >= MOE_RESULT_NEAR_SHARE,
+            "{what}: {chain_near} within 2 ulps of its chain (need {MOE_CHAIN_NEAR_SHARE}), {near} of the result (need {MOE_RESULT_NEAR_SHARE})"
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_output_end_to_end_is_within_the_bf16_bound() {
+    // Against the reference's own logits, on the largest error only: a logit error that the
+    // logits' check lets through (the shared gate's column is 1 value in 257 of it) cannot move
+    // the output far unnoticed, on either path.
+    each_moe_run(|path, run, want| {
+        let (rel, _) = bf16_error(&run.out, &want.out);
+        assert!(
+            rel <= BF16_MAX_REL,
+            "[{path}] moe {} tokens out vs CPU end to end: max |diff| {rel:.2e} of max",
+            run.tokens
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU, python3 with torch and transformers: run with --include-ignored on the GPU machine"]
+fn gpu_triton_outputs_match_transformers() {
+    // The SASS path's outputs, through scripts/triton_oracle.py.
+    let runs = triton_runs();
+    let dir = cases_dir();
+    let mut cases = Vec::new();
+    let (p, conv0, rec0) = (&runs.gdn.params, &runs.gdn.conv0, &runs.gdn.rec0);
+    for (run, batch) in runs
+        .gdn_runs
+        .iter()
+        .zip([&runs.gdn.decode, &runs.gdn.prefill])
+    {
+        let (_, got) = &run.per_path[0];
+        cases.push(write_gdn_case(&dir, run.name, p, batch, conv0, rec0, got));
+    }
     cases.push(write_gdn_case(
         &dir,
         "gdn_prefill_whole",
-        &p,
-        &whole,
-        &conv0,
-        &rec0,
-        &one,
+        p,
+        &runs.whole,
+        conv0,
+        rec0,
+        &runs.one,
     ));
-
-    // MoE for 1..8 tokens; every expert no token chooses is NaN on the GPU, so reading one shows.
-    let moe_seed = seed ^ 0x5EED;
-    let w = moe_weights(&mut rng, moe_seed);
-    let batches = moe_inputs(&mut rng, &w);
-    let refs: Vec<_> = batches.iter().map(|x| moe_reference(&MOE, &w, x)).collect();
-    let chosen: std::collections::BTreeSet<i32> = refs
-        .iter()
-        .flat_map(|r| r.topk_ids.iter().copied())
-        .collect();
-    eprintln!(
-        "MoE: {} distinct experts chosen over 1..8 tokens; the other {} are NaN",
-        chosen.len(),
-        MOE.experts - chosen.len()
-    );
-    let (h, i) = (MOE.hidden, MOE.inter);
-    let (mut gate_up, mut down) = (w.gate_up.clone(), w.down.clone());
-    for e in 0..MOE.experts {
-        if !chosen.contains(&(e as i32)) {
-            gate_up[e * 2 * i * h..(e + 1) * 2 * i * h].fill(bf16::NAN);
-            down[e * h * i..(e + 1) * h * i].fill(bf16::NAN);
-        }
+    let (_, sass) = &runs.moe_runs[0];
+    for (x, run) in runs.moe_inputs.iter().zip(sass) {
+        cases.push(write_moe_case(&dir, x, &run.out, &run.ids));
     }
-    for (path, k) in [("sass", &sass), ("ptx", &ptx)] {
-        let st = k.stream();
-        let dev = MoeDevice::new(st, &w, &gate_up, &down);
-        let layer = dev.layer();
-        let mut scratch = MoeScratch::new(st, &MOE, 8).unwrap();
-        for (x, want) in batches.iter().zip(&refs) {
-            let tokens = x.len() / h;
-            let dx = upload(st, x);
-            let mut out = st.alloc_zeros::<bf16>(tokens * h).unwrap();
-            moe_forward(k, &MOE, &layer, &dx, tokens, &mut scratch, &mut out).unwrap();
-            st.synchronize().unwrap();
-            let ids: Vec<i32> = download(st, &scratch.topk_ids)[..tokens * MOE.top_k].to_vec();
-            assert_eq!(ids, want.topk_ids, "[{path}] {tokens} tokens: routing");
-            let logits: Vec<bf16> =
-                download(st, &scratch.logits)[..tokens * (MOE.experts + 1)].to_vec();
-            check_bf16(
-                &format!("[{path}] moe {tokens} tokens router logits vs CPU"),
-                &logits,
-                &want.logits,
-            );
-            // Weights and output against the reference fed the kernel's own logits: a logit one
-            // bf16 ulp off (another summation order, within the check above) moves the weights
-            // and the output by several ulps. Against the reference's logits, seed
-            // 13172502825071228932 put one routing weight of 48 past 2 ulps, and seed
-            // 14398937561076549503 3.3% of 6 tokens' outputs.
-            let own = moe_reference_from_logits(&MOE, &w, x, &logits);
-            assert_eq!(
-                ids, own.topk_ids,
-                "[{path}] {tokens} tokens: routing of its logits"
-            );
-            let weights: Vec<bf16> =
-                download(st, &scratch.topk_weights)[..tokens * MOE.top_k].to_vec();
-            // From the same logits only the fp32 softmax differs from the float64 one: at most
-            // a rounding flip, for every weight.
-            let worst = weights
-                .iter()
-                .zip(&own.topk_weights)
-                .map(|(g, w)| ulp_distance(*g, *w))
-                .max()
-                .unwrap_or(0);
-            eprintln!("[{path}] moe {tokens} tokens routing weights vs CPU from its logits: at most {worst} ulp apart");
-            assert!(
-                worst <= 1,
-                "[{path}] moe {tokens} tokens routing weights: {worst} ulps from the routing of its logits \
-                 (got {weights:?}, want {:?})",
-                own.topk_weights
-            );
-            let got = download(st, &out);
-            // Within 2 ulps of each element's rounding chain (the weighted experts summed in
-            // bf16, then the shared expert): seed 3313329556806431867 put 2.5% of one token's
-            // outputs past 2 ulps of the result, where a partial sum was larger than the result.
-            let what = format!("[{path}] moe {tokens} tokens out vs CPU from its logits");
-            let (rel, near) = bf16_error(&got, &own.out);
-            let chain_near = bf16_chain_near(&got, &own.out, &own.out_chain);
-            eprintln!(
-                "{what}: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp, {chain_near:.4} within 2 ulp of its chain"
-            );
-            check_bf16_error(&what, &got, rel, chain_near);
-            // Tighter than the shared bound at the chain's scale (every case on the H200 had all
-            // elements there), and a looser one at the result's own (0.9746 at worst, above).
-            assert!(
-                chain_near >= MOE_CHAIN_NEAR_SHARE && near >= MOE_RESULT_NEAR_SHARE,
-                "{what}: {chain_near} within 2 ulps of its chain (need {MOE_CHAIN_NEAR_SHARE}), {near} of the result (need {MOE_RESULT_NEAR_SHARE})"
-            );
-            // End to end against the reference's own logits, on the largest error only: a logit
-            // error that the logits' check lets through (the shared gate's column is 1 value in
-            // 257 of it) cannot move the output far unnoticed, on either path.
-            let (rel, _) = bf16_error(&got, &want.out);
-            assert!(
-                rel <= BF16_MAX_REL,
-                "[{path}] moe {tokens} tokens out vs CPU end to end: max |diff| {rel:.2e} of max"
-            );
-            if path == "sass" {
-                cases.push(write_moe_case(&dir, x, &got, &ids));
-            }
-        }
-    }
-    write_index(&dir, moe_seed, &w, cases);
+    write_index(&dir, runs.moe_seed, &runs.moe, cases);
     run_oracle(&dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -421,10 +692,7 @@ fn write_index(dir: &Path, moe_seed: u64, w: &MoeWeightsHost, cases: Vec<serde_j
 #[test]
 #[ignore = "needs python3 with torch and transformers (AOT_ORACLE_PYTHON); AOT_ORACLE_DEVICE=cpu runs it without a GPU"]
 fn cpu_references_match_transformers() {
-    let seed: u64 = std::env::var("AOT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = triton_seed();
     eprintln!("seed {seed}");
     let dir = cases_dir();
     let mut cases = Vec::new();
@@ -470,9 +738,9 @@ fn cpu_references_match_transformers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn gpu_triton_launchers_refuse_bad_shapes() {
+/// The MoE layer of 16-element weights, 9 tokens of input and output, and the error of
+/// `moe_forward` under `shape` for `tokens` tokens on them.
+fn moe_refusal(shape: &aot_kernels::ops::moe::MoeShape, tokens: usize) -> String {
     let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
     let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let st = kernels.stream();
@@ -488,14 +756,45 @@ fn gpu_triton_launchers_refuse_bad_shapes() {
     };
     let mut scratch = MoeScratch::new(st, &MOE, 8).unwrap();
     let mut out = st.alloc_zeros::<bf16>(9 * MOE.hidden).unwrap();
-    let err = moe_forward(&kernels, &MOE, &layer, &x, 17, &mut scratch, &mut out)
+    moe_forward(&kernels, shape, &layer, &x, tokens, &mut scratch, &mut out)
         .unwrap_err()
-        .to_string();
+        .to_string()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_refuses_more_than_16_tokens() {
+    let err = moe_refusal(&MOE, 17);
     assert!(err.contains("17 tokens: the kernels take 1..=16"), "{err}");
-    let err = moe_forward(&kernels, &MOE, &layer, &x, 2, &mut scratch, &mut out)
-        .unwrap_err()
-        .to_string();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_refuses_a_router_shorter_than_its_shape() {
+    let err = moe_refusal(&MOE, 2);
     assert!(err.contains("`router` holds 16 elements"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_moe_refuses_a_shape_other_than_it_was_compiled_for() {
+    let other = aot_kernels::ops::moe::MoeShape {
+        experts: 128,
+        ..MOE
+    };
+    let err = moe_refusal(&other, 2);
+    assert!(
+        err.contains("compiled for E = 256") && err.contains("make triton"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_decode_refuses_more_tokens_than_sequences() {
+    let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
+    let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let st = kernels.stream();
     // A decode step with more tokens than sequences is a prefill: refused, naming the fix.
     let mut rng = rng(1);
     let fx = gdn_fixture(&mut rng, SLOTS);
@@ -524,17 +823,6 @@ fn gpu_triton_launchers_refuse_bad_shapes() {
     .to_string();
     assert!(
         err.contains("a decode step takes one token per sequence: 188 tokens for 3 sequences"),
-        "{err}"
-    );
-    let other = aot_kernels::ops::moe::MoeShape {
-        experts: 128,
-        ..MOE
-    };
-    let err = moe_forward(&kernels, &other, &layer, &x, 2, &mut scratch, &mut out)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("compiled for E = 256") && err.contains("make triton"),
         "{err}"
     );
 }

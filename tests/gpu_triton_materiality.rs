@@ -2,16 +2,19 @@
 //! (its sm_80 PTX compiled by the driver with the JIT cache disabled), and each op's time with
 //! every module as exact SASS, as PTX JIT, and with one module at a time as PTX JIT (the others
 //! SASS), each timed in alternation with the all-SASS set so that a drift of the GPU over the run
-//! does not pass for a kernel's cost. A benchmark, not a check: it asserts only that
-//! everything ran on the intended images. Results print as a table and go to
+//! does not pass for a kernel's cost. A benchmark, not a check; two tests beside it check that
+//! its loads are the intended images. Results print as a table and go to
 //! `$AOT_TRITON_MATERIALITY` (default `results/triton-materiality.json` where `results/` exists, as in
 //! the GPU bundle, else `triton-materiality.json`).
 //!
-//! Its own test binary, so `CUDA_CACHE_DISABLE=1` is set before the driver starts.
+//! Its own test binary, so `CUDA_CACHE_DISABLE=1` is set before the driver starts (each test sets
+//! it before it opens the device).
 
 mod triton_common;
 
-use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::dispatch::{
+    load_available, open_device, LoadedKernels, ModuleReport, ModuleSource, OpenDevice, Policy,
+};
 use aot_kernels::ops::gated_delta_net::{gdn_decode, gdn_prefill, GdnScratch, GdnState};
 use aot_kernels::ops::moe::{moe_forward, MoeScratch, MoeWeightsHost};
 use cudarc::driver::sys::CUevent_flags;
@@ -132,16 +135,78 @@ fn time_ops(kernels: &LoadedKernels, ops: &Ops) -> Vec<(String, f64)> {
     results
 }
 
+/// The device, the JIT cache disabled before the driver starts (every JIT below is cold).
+fn cold_device() -> OpenDevice {
+    std::env::set_var("CUDA_CACHE_DISABLE", "1");
+    open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"))
+}
+
+/// The Triton modules' names.
+fn triton_modules() -> Vec<&'static str> {
+    aot_kernels::ops::triton::records()
+        .iter()
+        .map(|r| r.module)
+        .collect()
+}
+
+/// `registry` with module `m` stripped to its PTX (the others keep their SASS).
+fn with_module_as_ptx(registry: &[ModuleSource], m: &str) -> Vec<ModuleSource> {
+    registry
+        .iter()
+        .cloned()
+        .map(|src| {
+            if src.name == m {
+                src.retain_images(|i| i.target.virtual_arch)
+            } else {
+                src
+            }
+        })
+        .collect()
+}
+
+/// The report entry of module `m` in `kernels`.
+fn module_report<'a>(kernels: &'a LoadedKernels, m: &str) -> &'a ModuleReport {
+    kernels
+        .report()
+        .modules
+        .iter()
+        .find(|x| x.module == m)
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_triton_modules_load_as_sass_under_auto_and_as_ptx_jit_under_ptx_only() {
+    let d = cold_device();
+    let registry = ModuleSource::registry();
+    let sass = load_available(&d, Policy::Auto, &registry).unwrap();
+    let ptx = load_available(&d, Policy::PtxOnly, &registry).unwrap();
+    for m in triton_modules() {
+        let (s, p) = (module_report(&sass, m), module_report(&ptx, m));
+        assert!(
+            !s.jit && p.jit && p.target.virtual_arch,
+            "{m}: SASS and PTX paths"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_triton_module_stripped_to_its_ptx_loads_by_jit() {
+    let d = cold_device();
+    let registry = ModuleSource::registry();
+    for m in triton_modules() {
+        let kernels = load_available(&d, Policy::Auto, &with_module_as_ptx(&registry, m)).unwrap();
+        assert!(module_report(&kernels, m).jit, "{m}: loaded without JIT");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_triton_sass_versus_ptx_jit() {
-    // Before the driver starts: every JIT below is cold.
-    std::env::set_var("CUDA_CACHE_DISABLE", "1");
-    let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let triton: Vec<&str> = aot_kernels::ops::triton::records()
-        .iter()
-        .map(|r| r.module)
-        .collect();
+    // What each load below is (SASS, PTX JIT, one module JIT) is checked by the tests above.
+    let d = cold_device();
+    let triton = triton_modules();
     let registry = ModuleSource::registry();
     let mut rng = rng(rand::random());
     let moe_seed: u64 = rng.gen();
@@ -163,22 +228,7 @@ fn gpu_triton_sass_versus_ptx_jit() {
     );
     let mut loads = Vec::new();
     for m in &triton {
-        let s = sass
-            .report()
-            .modules
-            .iter()
-            .find(|x| x.module == *m)
-            .unwrap();
-        let p = ptx
-            .report()
-            .modules
-            .iter()
-            .find(|x| x.module == *m)
-            .unwrap();
-        assert!(
-            !s.jit && p.jit && p.target.virtual_arch,
-            "{m}: SASS and PTX paths"
-        );
+        let (s, p) = (module_report(&sass, m), module_report(&ptx, m));
         let rec = aot_kernels::ops::triton::record(m)
             .unwrap()
             .image(s.target)
@@ -212,27 +262,7 @@ fn gpu_triton_sass_versus_ptx_jit() {
     eprintln!("\none module at a time as PTX JIT, the rest SASS, timed in alternation with all SASS (the difference is that kernel's):");
     let mut per_module = Vec::new();
     for m in &triton {
-        let modules: Vec<ModuleSource> = registry
-            .iter()
-            .cloned()
-            .map(|src| {
-                if src.name == *m {
-                    src.retain_images(|i| i.target.virtual_arch)
-                } else {
-                    src
-                }
-            })
-            .collect();
-        let kernels = load_available(&d, Policy::Auto, &modules).unwrap();
-        assert!(
-            kernels
-                .report()
-                .modules
-                .iter()
-                .find(|x| x.module == *m)
-                .unwrap()
-                .jit
-        );
+        let kernels = load_available(&d, Policy::Auto, &with_module_as_ptx(&registry, m)).unwrap();
         for (name, s, t) in time_paired(&sass, &kernels, &ops) {
             let (s, t) = (&s, &t);
             if (t - s).abs() / s > 0.03 {
