@@ -1771,7 +1771,7 @@ fn gpu_stream_read_reads_every_word() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_stream_read_refuses_a_length_not_a_multiple_of_4_words() {
-    use aot_kernels::ops::bench::{stream_read, Reader};
+    use aot_kernels::ops::stream_read::{stream_read, Reader};
     let d = device();
     for policy in [Policy::Auto, Policy::PtxOnly] {
         let kernels = load(&d, policy);
