@@ -139,14 +139,13 @@ impl FromStr for ToolchainChoice {
 #[serde(rename_all = "lowercase")]
 pub enum PdlMode {
     /// Only the launches that ask for it and have work to do before their wait: the decode step's
-    /// qkv and o_proj GEMVs, which stage their first weights meanwhile (on the H200, decode-chain:
-    /// the step 1-2% shorter).
+    /// qkv and o_proj GEMVs, which stage their first weights meanwhile (docs/experiments.md has
+    /// the measurement).
     #[default]
     Auto,
     /// Every launch of the modules whose kernels hold the hooks (the GEMVs and decode attention),
-    /// where their image is sm_90+. Measured on the H200 it
-    /// slowed the decode step (283 -> 231 tok/s at concurrency 1, an earlier build; -5.5% again
-    /// later): the next kernel's blocks land wherever the previous one's leave first, unevenly.
+    /// where their image is sm_90+. It slowed the decode step on the H200 (docs/experiments.md):
+    /// the next kernel's blocks land wherever the previous one's leave first, unevenly.
     All,
     /// None: every kernel waits for the one before it to end.
     Off,
