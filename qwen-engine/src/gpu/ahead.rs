@@ -2,7 +2,7 @@
 //! likely ask for next (the same sequences, one position on, fed the tokens this pass samples,
 //! copied on the device) before it waits for this pass's tokens. The GPU then runs pass after
 //! pass while the host reads tokens, schedules and uploads; without it the GPU idled for the
-//! host's part of every step (40-65 us of a 2.7-3.4 ms step on the H200).
+//! host's part of every step (docs/engine.md gives the measurement).
 //!
 //! The next step's plan is then checked against the pass queued ahead ([`adopt`]): each of its
 //! generated-token rows must be one that pass computed exactly (the same slot, position, token,
