@@ -26,9 +26,6 @@ OUTSIDE = {
     "style.md": "(no doc: drop the citation)",
 }
 CITE = re.compile(r"(\.\./)*shared/docs/[\w.-]+|(?<![\w/.-])(docs/)?(" + "|".join(map(re.escape, OUTSIDE)) + r")")
-# Kernel sources are hashed into the lock (CUDA) or their generated metadata (Triton): editing a
-# comment there means a lock rebuild. Known citations there are reported, not failed.
-LOCKED = {("kernels/triton/gated_delta_net.py", "qwen-models.md")}
 LINK = re.compile(r"(?<!\!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -86,7 +83,7 @@ def check_links(doc, problems):
                         f"fix: use one of #{', #'.join(sorted(anchors(dest))[:8])}{' ...' if len(anchors(dest)) > 8 else ''}")
 
 
-def check_citations(files, problems, notes):
+def check_citations(files, problems):
     present = set(os.listdir(os.path.join(ROOT, "docs"))) if os.path.isdir(os.path.join(ROOT, "docs")) else set()
     for rel in files:
         if not SOURCE.search(rel) or rel.startswith("bench/gpu-runs/") or rel == "scripts/check-docs.py":
@@ -103,11 +100,7 @@ def check_citations(files, problems, notes):
                 if m.group(3) and name in present:
                     continue  # docs/<name>.md, or a bare name that docs/ holds
                 fix = f"cite {OUTSIDE.get(name, 'a document in docs/')}"
-                msg = f"{rel}:{no}: cites `{text}`, which is not in this repository; fix: {fix}"
-                if (rel, name) in LOCKED:
-                    notes.append(msg + " (a kernel source: changing it needs a lock rebuild)")
-                else:
-                    problems.append(msg)
+                problems.append(f"{rel}:{no}: cites `{text}`, which is not in this repository; fix: {fix}")
 
 
 def main():
@@ -115,13 +108,11 @@ def main():
     docs_dir = os.path.join(ROOT, "docs")
     docs = DOCS + sorted("docs/" + p for p in os.listdir(docs_dir) if p.endswith(".md")) if os.path.isdir(docs_dir) else list(DOCS)
     docs += [p for p in sys.argv[1:] if p not in docs]
-    problems, notes = [], []
+    problems = []
     for doc in docs:
         if os.path.exists(os.path.join(ROOT, doc)):
             check_links(doc, problems)
-    check_citations(files, problems, notes)
-    for n in notes:
-        print("note: " + n)
+    check_citations(files, problems)
     for p in problems:
         print(p)
     print(f"check-docs: {len(docs)} documents, {len(problems)} problem(s)")

@@ -3,8 +3,8 @@
 Compiled ahead of time (scripts/triton-gen.sh), never at run time: the PTX and its metadata are
 committed under kernels/triton/generated/ and build.rs assembles them for every target.
 
-Math and rounding follow transformers' Qwen3_5MoeGatedDeltaNet in bf16 (see
-shared docs qwen-models.md): the conv output and its SiLU are stored as bf16, beta = bf16(sigmoid(b)),
+Math and rounding follow transformers' Qwen3_5MoeGatedDeltaNet in bf16 (the math
+is in docs/models.md): the conv output and its SiLU are stored as bf16, beta = bf16(sigmoid(b)),
 g = -exp(A_log) * softplus(a + dt_bias) in fp32, the delta rule in fp32, the core output rounded to
 bf16, then the gated RMSNorm `bf16(bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) * silu(z))`.
 
