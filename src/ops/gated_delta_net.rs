@@ -214,11 +214,11 @@ fn check_common(
 }
 
 fn conv_kernel<'k>(
-    k: &'k LoadedKernels,
+    kernels: &'k LoadedKernels,
     op: &'static str,
     shape: &GdnShape,
 ) -> Result<(TritonKernel<'k>, u32), OpsError> {
-    let conv = TritonKernel::load(k, op, MODULE_CONV)?;
+    let conv = TritonKernel::load(kernels, op, MODULE_CONV)?;
     conv.expect(op, "CONV_DIM", shape.conv_dim())?;
     conv.expect(op, "WIDTH", shape.conv_width)?;
     let blocks = shape.conv_dim().div_ceil(conv.constexpr(op, "BLOCK_C")?);
@@ -239,7 +239,7 @@ fn expect_heads(
 /// The conv of every sequence's new tokens into `scratch.conv_out`, shifting the conv states.
 #[allow(clippy::too_many_arguments)]
 fn launch_conv(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     op: &'static str,
     shape: &GdnShape,
     layer: &GdnLayer<'_>,
@@ -248,7 +248,7 @@ fn launch_conv(
     inputs: &GdnInputs<'_>,
     scratch: &mut GdnScratch,
 ) -> Result<(), OpsError> {
-    let (conv, blocks) = conv_kernel(k, op, shape)?;
+    let (conv, blocks) = conv_kernel(kernels, op, shape)?;
     conv.launch(
         op,
         (grid_dim(op, "sequences", seqs.n_seqs)?, blocks, 1),
@@ -268,7 +268,7 @@ fn launch_conv(
 /// Updates both states of each sequence's slot and writes the gated-normed output to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_decode(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     shape: &GdnShape,
     layer: &GdnLayer<'_>,
     state: &mut GdnState<'_>,
@@ -288,9 +288,9 @@ pub fn gdn_decode(
             ),
         ));
     }
-    let step = TritonKernel::load(k, OP, MODULE_RECURRENT)?;
+    let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
     expect_heads(&step, OP, shape)?;
-    launch_conv(k, OP, shape, layer, state, seqs, inputs, scratch)?;
+    launch_conv(kernels, OP, shape, layer, state, seqs, inputs, scratch)?;
     step.launch(
         OP,
         (
@@ -319,7 +319,7 @@ pub fn gdn_decode(
 /// `has_state = 1` after the first, gives the result of one call (up to fp32 rounding).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_prefill(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     shape: &GdnShape,
     layer: &GdnLayer<'_>,
     state: &mut GdnState<'_>,
@@ -336,10 +336,10 @@ pub fn gdn_prefill(
         &scratch.core_out,
         &[seqs.n_tokens, shape.value_width()],
     )?;
-    let chunk = TritonKernel::load(k, OP, MODULE_PREFILL)?;
+    let chunk = TritonKernel::load(kernels, OP, MODULE_PREFILL)?;
     expect_heads(&chunk, OP, shape)?;
     let bv = chunk.constexpr(OP, "BV")?;
-    let norm = TritonKernel::load(k, OP, MODULE_NORM)?;
+    let norm = TritonKernel::load(kernels, OP, MODULE_NORM)?;
     norm.expect(OP, "DV", shape.value_dim)?;
     let rows = seqs.n_tokens * shape.value_heads;
     let row_blocks = rows.div_ceil(norm.constexpr(OP, "BLOCK_ROWS")?);
@@ -350,7 +350,7 @@ pub fn gdn_prefill(
         )
     })?;
 
-    launch_conv(k, OP, shape, layer, state, seqs, inputs, scratch)?;
+    launch_conv(kernels, OP, shape, layer, state, seqs, inputs, scratch)?;
     chunk.launch(
         OP,
         (

@@ -128,7 +128,7 @@ fn grid(what: &str, n: usize) -> Result<u32, OpsError> {
 
 /// The MoE block for `n_tokens` rows of `x` (`[n_tokens, hidden]`) into `out` (`[n_tokens, hidden]`).
 pub fn moe_forward(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     shape: &MoeShape,
     layer: &MoeLayer<'_>,
     x: &CudaSlice<bf16>,
@@ -137,10 +137,10 @@ pub fn moe_forward(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     const OP: &str = "moe_forward";
-    let router = TritonKernel::load(k, OP, MODULE_ROUTER)?;
-    let route = TritonKernel::load(k, OP, MODULE_ROUTE)?;
-    let gate_up = TritonKernel::load(k, OP, MODULE_GATE_UP)?;
-    let down = TritonKernel::load(k, OP, MODULE_DOWN)?;
+    let router = TritonKernel::load(kernels, OP, MODULE_ROUTER)?;
+    let route = TritonKernel::load(kernels, OP, MODULE_ROUTE)?;
+    let gate_up = TritonKernel::load(kernels, OP, MODULE_GATE_UP)?;
+    let down = TritonKernel::load(kernels, OP, MODULE_DOWN)?;
     for kernel in [&router, &route, &gate_up, &down] {
         for (name, value) in [
             ("H", shape.hidden),

@@ -57,7 +57,7 @@ impl GpuRunner {
         cluster: bool,
         max_splits: usize,
     ) -> Result<(), RunnerError> {
-        let s = self.k.stream().clone();
+        let s = self.kernels.stream().clone();
         let key = (m, pipelined, cluster);
         let kind = usize::from(pipelined) + 2 * usize::from(cluster);
         let depth = if cluster { CLUSTER_SPLITS } else { MAX_SPLITS };

@@ -119,9 +119,14 @@ struct PassBuffers {
 
 impl PassBuffers {
     /// Samples one token per row into `sampled` from the first `rows` rows of `logits`.
-    fn sample(&mut self, k: &LoadedKernels, rows: usize, vocab: usize) -> Result<(), OpsError> {
+    fn sample(
+        &mut self,
+        kernels: &LoadedKernels,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<(), OpsError> {
         sample_tokens(
-            k,
+            kernels,
             &mut self.sampled,
             &self.logits,
             &LogitsShape {
@@ -130,18 +135,18 @@ impl PassBuffers {
                 row_stride: vocab,
             },
             &DeviceSamplingParams {
-                temperature: dev(k, &inputs::temperature(&self.inputs)),
-                top_k: dev(k, &inputs::top_k(&self.inputs)),
-                top_p: dev(k, &inputs::top_p(&self.inputs)),
-                seed: dev(k, &inputs::seed(&self.inputs)),
-                counter: dev(k, &inputs::counter(&self.inputs)),
+                temperature: dev(kernels, &inputs::temperature(&self.inputs)),
+                top_k: dev(kernels, &inputs::top_k(&self.inputs)),
+                top_p: dev(kernels, &inputs::top_p(&self.inputs)),
+                seed: dev(kernels, &inputs::seed(&self.inputs)),
+                counter: dev(kernels, &inputs::counter(&self.inputs)),
             },
         )
     }
 }
 
 pub struct GpuRunner {
-    k: LoadedKernels,
+    kernels: LoadedKernels,
     cfg: Qwen3Config,
     w: DeviceWeights,
     k_cache: Vec<CudaSlice<bf16>>,
@@ -210,7 +215,7 @@ impl GpuRunner {
         // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs. A fast path
         // unavailable here (the sm_90a GEMM off Hopper or under ptx-only) is left out; its
         // launcher then runs the portable kernel.
-        let k = dispatch::open_device(0)
+        let kernels = dispatch::open_device(0)
             .and_then(|d| {
                 dispatch::load_available(
                     &d,
@@ -222,8 +227,8 @@ impl GpuRunner {
                 )
             })
             .map_err(|e| RunnerError::Device(e.to_string()))?;
-        let s = k.stream().clone();
-        let w = weights::upload(&k, cfg, weights, progress)?;
+        let s = kernels.stream().clone();
+        let w = weights::upload(&kernels, cfg, weights, progress)?;
         let zeros_f32 =
             |n: usize, what: &str| s.alloc_zeros::<f32>(n.max(1)).map_err(dev_err(what));
         let zeros_bf16 =
@@ -267,10 +272,10 @@ impl GpuRunner {
         let ld_bt = max_pos.div_ceil(KV_BLOCK_TOKENS);
         let slots = options.slots.max(1);
         let block_table = zeros_i32(slots * ld_bt, "block tables")?;
-        let pf = prefill::PrefillBuffers::new(&k, cfg, options.prefill_tokens)?;
+        let pf = prefill::PrefillBuffers::new(&kernels, cfg, options.prefill_tokens)?;
 
         // The KV cache: what the budget holds, but no more than every slot at full context.
-        let (free, _) = k
+        let (free, _) = kernels
             .context()
             .mem_get_info()
             .map_err(dev_err("reading free memory"))?;
@@ -292,7 +297,7 @@ impl GpuRunner {
             k_cache.push(zeros_bf16(per_layer, "KV cache")?);
             v_cache.push(zeros_bf16(per_layer, "KV cache")?);
         }
-        let ctx = k.context();
+        let ctx = kernels.context();
         let pinned = dev_err("page-locked staging");
         let staging = [
             device::pinned_host::<u64>(ctx, inputs::WORDS).map_err(&pinned)?,
@@ -308,10 +313,10 @@ impl GpuRunner {
         s.synchronize().map_err(dev_err("allocating"))?;
         let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
         let cluster_ok = [false, true].map(|pipelined| {
-            options.attention_cluster && attention::cluster_fits(&k, hd, group, pipelined)
+            options.attention_cluster && attention::cluster_fits(&kernels, hd, group, pipelined)
         });
         Ok(GpuRunner {
-            k,
+            kernels,
             cfg: cfg.clone(),
             w,
             k_cache,
@@ -344,7 +349,7 @@ impl GpuRunner {
     }
 
     pub fn kernels(&self) -> &LoadedKernels {
-        &self.k
+        &self.kernels
     }
 
     pub fn stats(&self) -> GpuStats {
@@ -373,7 +378,7 @@ impl GpuRunner {
         let at = slot * self.ld_bt;
         if self.host_table[at..at + self.ld_bt] != row[..] {
             let mut view = self.block_table.slice_mut(at..at + self.ld_bt);
-            self.k
+            self.kernels
                 .stream()
                 .memcpy_htod(&row, &mut view)
                 .map_err(dev_err("block table"))?;
@@ -391,7 +396,7 @@ impl GpuRunner {
         let err = dev_err("pass inputs");
         self.uploaded[turn].synchronize().map_err(&err)?;
         inputs::pack(rows, self.staging[turn].as_mut_slice().map_err(&err)?);
-        let s = self.k.stream();
+        let s = self.kernels.stream();
         s.memcpy_htod(&self.staging[turn], &mut self.b.inputs)
             .map_err(&err)?;
         self.uploaded[turn].record(s).map_err(&err)?;
@@ -412,7 +417,7 @@ impl GpuRunner {
                 )));
             }
         }
-        let s = self.k.stream().clone();
+        let s = self.kernels.stream().clone();
         let turn = self.upload_rows(rows)?;
         if tokens_on_device {
             let mut tokens = inputs::tokens_mut(&mut self.b.inputs, m);
@@ -429,7 +434,7 @@ impl GpuRunner {
                 self.cfg.head_dim,
                 self.cfg.num_key_value_heads,
                 splits.iter().sum(),
-                self.k.sm_count(),
+                self.kernels.sm_count(),
             )
         });
         // Splits merged in thread-block clusters where that pays and the image has the code; such
@@ -440,7 +445,7 @@ impl GpuRunner {
                 self.cfg.num_key_value_heads,
                 m,
                 max_splits,
-                self.k.sm_count(),
+                self.kernels.sm_count(),
             );
         self.run_forward(m, pipelined, cluster, max_splits)?;
         let err = dev_err("reading sampled tokens");
@@ -526,7 +531,7 @@ impl GpuRunner {
         let mut out_logits = Vec::new();
         if want_logits {
             // Nothing was queued ahead: the logits are still this pass's.
-            let s = self.k.stream().clone();
+            let s = self.kernels.stream().clone();
             let v = self.cfg.vocab_size;
             for (r, &j) in rows.iter().zip(&index) {
                 if r.sample.is_some() {
@@ -543,7 +548,7 @@ impl Drop for GpuRunner {
     /// A pass queued ahead may still be running, copying into the page-locked buffers freed
     /// with the runner: wait for the stream first.
     fn drop(&mut self) {
-        if let Err(e) = self.k.stream().synchronize() {
+        if let Err(e) = self.kernels.stream().synchronize() {
             log::warn!(
                 "GPU runner: waiting for the last queued pass before freeing its buffers: {e}"
             );
@@ -653,9 +658,9 @@ impl Runner for GpuRunner {
     fn report(&self) -> serde_json::Value {
         serde_json::json!({
             "device": DeviceKind::Cuda,
-            "device_name": self.k.report().device_name,
-            "sm_count": self.k.sm_count(),
-            "dispatch": self.k.report(),
+            "device_name": self.kernels.report().device_name,
+            "sm_count": self.kernels.sm_count(),
+            "dispatch": self.kernels.report(),
             "kv_blocks": self.kv_blocks,
             "kv_block_tokens": KV_BLOCK_TOKENS,
             "weights_bytes": self.w.bytes,

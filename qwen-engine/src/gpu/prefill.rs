@@ -54,11 +54,11 @@ pub(super) struct PrefillBuffers {
 
 impl PrefillBuffers {
     pub(super) fn new(
-        k: &aot_kernels::dispatch::LoadedKernels,
+        kernels: &aot_kernels::dispatch::LoadedKernels,
         c: &Qwen3Config,
         rows: usize,
     ) -> Result<Self, RunnerError> {
-        let s = k.stream();
+        let s = kernels.stream();
         let t = rows.max(1);
         let z = |n: usize| s.alloc_zeros::<bf16>(n).map_err(dev_err("prefill buffers"));
         Ok(PrefillBuffers {
@@ -124,7 +124,7 @@ impl GpuRunner {
         pass: &[Piece],
     ) -> Result<(), OpsError> {
         let c = &self.cfg;
-        let k = &self.k;
+        let kernels = &self.kernels;
         let p = &mut self.pf;
         let t: usize = pass.iter().map(|piece| piece.len).sum();
         let (h, i) = (c.hidden_size, c.intermediate_size);
@@ -135,21 +135,22 @@ impl GpuRunner {
             .flat_map(|piece| &chunks[piece.seq].tokens[piece.from..piece.end()])
             .map(|&x| x as i32)
             .collect();
-        k.stream()
+        kernels
+            .stream()
             .memcpy_htod(&ids, &mut p.tokens.slice_mut(0..t))
             .map_err(|source| OpsError::Driver {
                 op: "prefill tokens",
                 source,
             })?;
         embedding(
-            k,
-            dev_mut(k, &mut p.h),
+            kernels,
+            dev_mut(kernels, &mut p.h),
             h,
             None,
-            dev(k, &self.w.embed),
+            dev(kernels, &self.w.embed),
             c.vocab_size,
             h,
-            dev(k, &p.tokens),
+            dev(kernels, &p.tokens),
             t,
         )?;
         let norm = |rows| RmsNormParams {
@@ -158,11 +159,17 @@ impl GpuRunner {
             eps,
             weight_offset: 0.0,
         };
-        rmsnorm(k, &mut p.x, &p.h, &self.w.layers[0].input_norm, &norm(t))?;
+        rmsnorm(
+            kernels,
+            &mut p.x,
+            &p.h,
+            &self.w.layers[0].input_norm,
+            &norm(t),
+        )?;
         let layers = self.w.layers.len();
         for (l, lw) in self.w.layers.iter().enumerate() {
             gemm_bf16(
-                k,
+                kernels,
                 &mut p.qkv,
                 &p.x,
                 &lw.qkv,
@@ -177,16 +184,16 @@ impl GpuRunner {
                 };
                 let start_pos = chunk.start_pos + piece.from;
                 qk_norm_rope_cache(
-                    k,
+                    kernels,
                     &QkNormRopeInputs {
-                        qkv: dev(k, &p.qkv).skip(piece.row * qkv_dim)?,
+                        qkv: dev(kernels, &p.qkv).skip(piece.row * qkv_dim)?,
                         q_norm: &lw.q_norm,
                         k_norm: &lw.k_norm,
                         cos_sin: &self.rope,
                         max_position: self.max_pos,
                         blocks,
                     },
-                    dev_mut(k, &mut p.q).skip(piece.row * q_dim)?,
+                    dev_mut(kernels, &mut p.q).skip(piece.row * q_dim)?,
                     &mut self.k_cache[l],
                     &mut self.v_cache[l],
                     &QkNormRopeParams {
@@ -201,9 +208,9 @@ impl GpuRunner {
                     },
                 )?;
                 attention_prefill(
-                    k,
-                    dev_mut(k, &mut p.attn).skip(piece.row * q_dim)?,
-                    dev(k, &p.q).skip(piece.row * q_dim)?,
+                    kernels,
+                    dev_mut(kernels, &mut p.attn).skip(piece.row * q_dim)?,
+                    dev(kernels, &p.q).skip(piece.row * q_dim)?,
                     &self.k_cache[l],
                     &self.v_cache[l],
                     &blocks,
@@ -218,23 +225,35 @@ impl GpuRunner {
                 )?;
             }
             // x <- o = attn Wo^T, then x <- rmsnorm(h += o) * w_post.
-            gemm_bf16(k, &mut p.x, &p.attn, &lw.o, &GemmShape::dense(t, h, q_dim))?;
-            fused_add_rmsnorm(k, &mut p.x, &mut p.h, &lw.post_norm, &norm(t))?;
             gemm_bf16(
-                k,
+                kernels,
+                &mut p.x,
+                &p.attn,
+                &lw.o,
+                &GemmShape::dense(t, h, q_dim),
+            )?;
+            fused_add_rmsnorm(kernels, &mut p.x, &mut p.h, &lw.post_norm, &norm(t))?;
+            gemm_bf16(
+                kernels,
                 &mut p.gate_up,
                 &p.x,
                 &lw.gate_up,
                 &GemmShape::dense(t, 2 * i, h),
             )?;
-            silu_and_mul(k, &mut p.act, &p.gate_up, t, i)?;
-            gemm_bf16(k, &mut p.x, &p.act, &lw.down, &GemmShape::dense(t, h, i))?;
+            silu_and_mul(kernels, &mut p.act, &p.gate_up, t, i)?;
+            gemm_bf16(
+                kernels,
+                &mut p.x,
+                &p.act,
+                &lw.down,
+                &GemmShape::dense(t, h, i),
+            )?;
             let next = if l + 1 < layers {
                 &self.w.layers[l + 1].input_norm
             } else {
                 &self.w.final_norm
             };
-            fused_add_rmsnorm(k, &mut p.x, &mut p.h, next, &norm(t))?;
+            fused_add_rmsnorm(kernels, &mut p.x, &mut p.h, next, &norm(t))?;
         }
         Ok(())
     }
@@ -247,7 +266,7 @@ impl GpuRunner {
         want_logits: bool,
     ) -> Result<(Option<u32>, Vec<f32>), RunnerError> {
         let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let s = self.k.stream().clone();
+        let s = self.kernels.stream().clone();
         // The sampling parameters go in row 0 of the pass inputs (its token, position and slot
         // are not read here).
         self.upload_rows(&[super::Row {
@@ -257,22 +276,22 @@ impl GpuRunner {
             sample: Some(sample),
         }])?;
         let b = &mut self.b;
-        let k = &self.k;
-        let x = dev(k, &self.pf.x).skip(row * h).map_err(ops_err)?;
+        let kernels = &self.kernels;
+        let x = dev(kernels, &self.pf.x).skip(row * h).map_err(ops_err)?;
         gemv(
-            k,
-            dev(k, self.w.lm_head()),
+            kernels,
+            dev(kernels, self.w.lm_head()),
             v,
             h,
             1,
             &GemvInput::Plain { x, ld_x: h },
             GemvOutput::F32 {
-                out: dev_mut(k, &mut b.logits),
+                out: dev_mut(kernels, &mut b.logits),
                 ld_out: v,
             },
         )
         .map_err(ops_err)?;
-        b.sample(k, 1, v).map_err(ops_err)?;
+        b.sample(kernels, 1, v).map_err(ops_err)?;
         let token = s
             .clone_dtoh(&b.sampled.slice(0..1))
             .map_err(dev_err("reading the sampled token"))?[0] as u32;

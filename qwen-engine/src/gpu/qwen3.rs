@@ -30,19 +30,19 @@ impl GpuRunner {
         cluster: bool,
     ) -> Result<(), OpsError> {
         let c = &self.cfg;
-        let k = &self.k;
+        let kernels = &self.kernels;
         let b = &mut self.b;
         let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
         embedding(
-            k,
-            dev_mut(k, &mut b.h),
+            kernels,
+            dev_mut(kernels, &mut b.h),
             h,
-            Some(dev_mut(k, &mut b.ssq)),
-            dev(k, &self.w.embed),
+            Some(dev_mut(kernels, &mut b.ssq)),
+            dev(kernels, &self.w.embed),
             v,
             h,
-            dev(k, &inputs::tokens(&b.inputs)),
+            dev(kernels, &inputs::tokens(&b.inputs)),
             m,
         )?;
         let mut ssq_groups = 1;
@@ -52,44 +52,44 @@ impl GpuRunner {
         let overlap = GemvOptions::overlap_previous(true);
         for (l, lw) in self.w.layers.iter().enumerate() {
             gemv_with(
-                k,
-                dev(k, &lw.qkv),
+                kernels,
+                dev(kernels, &lw.qkv),
                 c.qkv_dim(),
                 h,
                 m,
                 &GemvInput::Norm {
-                    h: dev(k, &b.h),
+                    h: dev(kernels, &b.h),
                     ld_h: h,
-                    ssq: dev(k, &b.ssq),
+                    ssq: dev(kernels, &b.ssq),
                     ssq_groups,
-                    weight: dev(k, &lw.input_norm),
+                    weight: dev(kernels, &lw.input_norm),
                     eps,
                     weight_offset: 0.0,
                 },
                 GemvOutput::Bf16 {
-                    out: dev_mut(k, &mut b.qkv),
+                    out: dev_mut(kernels, &mut b.qkv),
                     ld_out: c.qkv_dim(),
                 },
                 overlap,
             )?;
             attention_decode(
-                k,
+                kernels,
                 AttnDecode {
-                    qkv: dev(k, &b.qkv),
+                    qkv: dev(kernels, &b.qkv),
                     ld_qkv: c.qkv_dim(),
-                    q_norm: dev(k, &lw.q_norm),
-                    k_norm: dev(k, &lw.k_norm),
+                    q_norm: dev(kernels, &lw.q_norm),
+                    k_norm: dev(kernels, &lw.k_norm),
                     eps,
                     weight_offset: 0.0,
-                    cos_sin: dev(k, &self.rope),
+                    cos_sin: dev(kernels, &self.rope),
                     max_pos: self.max_pos,
-                    k_cache: dev_mut(k, &mut self.k_cache[l]),
-                    v_cache: dev_mut(k, &mut self.v_cache[l]),
-                    block_table: dev(k, &self.block_table),
+                    k_cache: dev_mut(kernels, &mut self.k_cache[l]),
+                    v_cache: dev_mut(kernels, &mut self.v_cache[l]),
+                    block_table: dev(kernels, &self.block_table),
                     ld_bt: self.ld_bt,
-                    slot_of_row: dev(k, &inputs::slots(&b.inputs)),
-                    positions: dev(k, &inputs::positions(&b.inputs)),
-                    out: dev_mut(k, &mut b.attn),
+                    slot_of_row: dev(kernels, &inputs::slots(&b.inputs)),
+                    positions: dev(kernels, &inputs::positions(&b.inputs)),
+                    out: dev_mut(kernels, &mut b.attn),
                     m,
                     q_heads: c.num_attention_heads,
                     kv_heads: c.num_key_value_heads,
@@ -102,87 +102,87 @@ impl GpuRunner {
                     overlap_previous: true,
                 },
                 &mut AttnScratch {
-                    ws_ml: dev_mut(k, &mut b.attn_ml),
-                    ws_o: dev_mut(k, &mut b.attn_o),
-                    counters: dev_mut(k, &mut b.attn_counters),
+                    ws_ml: dev_mut(kernels, &mut b.attn_ml),
+                    ws_o: dev_mut(kernels, &mut b.attn_o),
+                    counters: dev_mut(kernels, &mut b.attn_counters),
                 },
             )?;
             gemv_with(
-                k,
-                dev(k, &lw.o),
+                kernels,
+                dev(kernels, &lw.o),
                 h,
                 c.q_dim(),
                 m,
                 &GemvInput::Plain {
-                    x: dev(k, &b.attn),
+                    x: dev(kernels, &b.attn),
                     ld_x: c.q_dim(),
                 },
                 GemvOutput::Residual {
-                    h: dev_mut(k, &mut b.h),
+                    h: dev_mut(kernels, &mut b.h),
                     ld_h: h,
-                    ssq_out: dev_mut(k, &mut b.ssq),
+                    ssq_out: dev_mut(kernels, &mut b.ssq),
                 },
                 overlap,
             )?;
             ssq_groups = residual_groups(h);
             gemv(
-                k,
-                dev(k, &lw.gate_up),
+                kernels,
+                dev(kernels, &lw.gate_up),
                 2 * i,
                 h,
                 m,
                 &GemvInput::Norm {
-                    h: dev(k, &b.h),
+                    h: dev(kernels, &b.h),
                     ld_h: h,
-                    ssq: dev(k, &b.ssq),
+                    ssq: dev(kernels, &b.ssq),
                     ssq_groups,
-                    weight: dev(k, &lw.post_norm),
+                    weight: dev(kernels, &lw.post_norm),
                     eps,
                     weight_offset: 0.0,
                 },
                 GemvOutput::SiluMul {
-                    out: dev_mut(k, &mut b.act),
+                    out: dev_mut(kernels, &mut b.act),
                     ld_out: i,
                     intermediate: i,
                 },
             )?;
             gemv(
-                k,
-                dev(k, &lw.down),
+                kernels,
+                dev(kernels, &lw.down),
                 h,
                 i,
                 m,
                 &GemvInput::Plain {
-                    x: dev(k, &b.act),
+                    x: dev(kernels, &b.act),
                     ld_x: i,
                 },
                 GemvOutput::Residual {
-                    h: dev_mut(k, &mut b.h),
+                    h: dev_mut(kernels, &mut b.h),
                     ld_h: h,
-                    ssq_out: dev_mut(k, &mut b.ssq),
+                    ssq_out: dev_mut(kernels, &mut b.ssq),
                 },
             )?;
         }
         gemv(
-            k,
-            dev(k, self.w.lm_head()),
+            kernels,
+            dev(kernels, self.w.lm_head()),
             v,
             h,
             m,
             &GemvInput::Norm {
-                h: dev(k, &b.h),
+                h: dev(kernels, &b.h),
                 ld_h: h,
-                ssq: dev(k, &b.ssq),
+                ssq: dev(kernels, &b.ssq),
                 ssq_groups,
-                weight: dev(k, &self.w.final_norm),
+                weight: dev(kernels, &self.w.final_norm),
                 eps,
                 weight_offset: 0.0,
             },
             GemvOutput::F32 {
-                out: dev_mut(k, &mut b.logits),
+                out: dev_mut(kernels, &mut b.logits),
                 ld_out: v,
             },
         )?;
-        b.sample(k, m, v)
+        b.sample(kernels, m, v)
     }
 }

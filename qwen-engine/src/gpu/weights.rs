@@ -59,12 +59,12 @@ fn placement(c: &Qwen3Config, role: Role) -> (Role, usize) {
 
 /// Allocates every buffer and fills it from `weights`; `progress` is told each tensor's bytes.
 pub fn upload(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     c: &Qwen3Config,
     weights: &Weights,
     progress: &mut dyn FnMut(usize),
 ) -> Result<DeviceWeights, RunnerError> {
-    let s = k.stream();
+    let s = kernels.stream();
     let alloc = |n: usize, what: &str| -> Result<CudaSlice<bf16>, RunnerError> {
         // SAFETY: every element is written below before any kernel reads it.
         unsafe { s.alloc::<bf16>(n) }.map_err(dev_err(what))
@@ -97,7 +97,7 @@ pub fn upload(
     for (index, spec) in tensor_table(c).into_iter().enumerate() {
         let (buffer_role, offset) = placement(c, spec.role);
         let dst = buffer(&mut dw, buffer_role, spec.layer)?;
-        fill(k, dst, offset, &spec, weights, index)?;
+        fill(kernels, dst, offset, &spec, weights, index)?;
         dw.bytes += spec.elements() * 2;
         progress(spec.elements() * 2);
     }
@@ -136,7 +136,7 @@ fn buffer(
 
 /// Writes tensor `index` of the table at `offset` elements into `dst`.
 fn fill(
-    k: &LoadedKernels,
+    kernels: &LoadedKernels,
     dst: &mut CudaSlice<bf16>,
     offset: usize,
     spec: &TensorSpec,
@@ -146,11 +146,11 @@ fn fill(
     let n = spec.elements();
     match weights {
         Weights::Synthetic { seed } => {
-            let view = dev_mut(k, dst)
+            let view = dev_mut(kernels, dst)
                 .skip(offset)
                 .map_err(|e| RunnerError::Device(format!("{}: {e}", spec.name)))?;
             fill_uniform_bf16(
-                k,
+                kernels,
                 view,
                 n,
                 *seed,
@@ -166,7 +166,8 @@ fn fill(
             })?;
             let values = t.bf16();
             let mut sub = dst.slice_mut(offset..offset + n);
-            k.stream()
+            kernels
+                .stream()
                 .memcpy_htod(values.as_ref(), &mut sub)
                 .map_err(dev_err(&spec.name))
         }

@@ -124,8 +124,8 @@ fn nvidia_smi_clocks() -> Result<Clocks, String> {
 /// Read bandwidth of our streaming kernels over one buffer of `bytes`: each reader's median of
 /// `runs` reads (the readers alternate, so both see the same clocks), the fastest sets the limit.
 fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Bandwidth, String> {
-    let k = runner.kernels();
-    let s = k.stream();
+    let kernels = runner.kernels();
+    let s = kernels.stream();
     let words = (bytes / 16) * 4;
     let mut data = s
         .alloc_zeros::<u32>(words)
@@ -155,17 +155,18 @@ fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Ba
     let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); Reader::ALL.len()];
     let mut xors = Reader::ALL
         .iter()
-        .map(|r| s.alloc_zeros::<u32>(r.blocks(k.sm_count())))
+        .map(|r| s.alloc_zeros::<u32>(r.blocks(kernels.sm_count())))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{e}"))?;
     for i in 0..runs + 1 {
         for (r, (&reader, xor)) in Reader::ALL.iter().zip(&mut xors).enumerate() {
             let (a, b) = (
-                timing_event(k.context()).map_err(|e| e.to_string())?,
-                timing_event(k.context()).map_err(|e| e.to_string())?,
+                timing_event(kernels.context()).map_err(|e| e.to_string())?,
+                timing_event(kernels.context()).map_err(|e| e.to_string())?,
             );
             a.record(s).map_err(|e| e.to_string())?;
-            stream_read(k, reader, dev(k, &data), dev_mut(k, xor)).map_err(|e| e.to_string())?;
+            stream_read(kernels, reader, dev(kernels, &data), dev_mut(kernels, xor))
+                .map_err(|e| e.to_string())?;
             b.record(s).map_err(|e| e.to_string())?;
             b.synchronize().map_err(|e| e.to_string())?;
             let ms = a.elapsed_ms(&b).map_err(|e| e.to_string())?;
