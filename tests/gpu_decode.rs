@@ -1555,9 +1555,12 @@ fn gpu_attention_decode_row_alone_equals_batched() {
     });
 }
 
+/// Gathered rows and their sums of squares.
+type Gathered = (Vec<bf16>, Vec<f32>);
+
 /// Five random rows of a 1000 x 2560 table gathered on `auto`: (rows, sums of squares) as the
 /// kernel and as the reference give them.
-fn run_embedding(test: &str) -> ((Vec<bf16>, Vec<f32>), (Vec<bf16>, Vec<f32>)) {
+fn run_embedding(test: &str) -> (Gathered, Gathered) {
     let mut rng = seed(test);
     let kernels = load_auto(&device());
     let s = kernels.stream();

@@ -138,6 +138,9 @@ fn assert_same_f32_bits(what: &str, a: &[f32], b: &[f32]) {
     );
 }
 
+/// A GEMM's bf16 and f32 outputs.
+type GemmOut = (Vec<bf16>, Vec<f32>);
+
 /// The GEMM cases and each path's outputs on them, with what the tests compare them to.
 struct GemmRuns {
     seed: u64,
@@ -146,9 +149,9 @@ struct GemmRuns {
     best_gemms: [GemmKernel; 2],
     cases: Vec<GemmCase>,
     /// Per path (SASS, then PTX), per case: the bf16 and the f32 output.
-    per_path: Vec<(&'static str, Vec<(Vec<bf16>, Vec<f32>)>)>,
+    per_path: Vec<(&'static str, Vec<GemmOut>)>,
     /// Per case, the SASS load's mma.sync outputs, where its best kernel is wgmma.
-    sass_mma_sync: Option<Vec<(Vec<bf16>, Vec<f32>)>>,
+    sass_mma_sync: Option<Vec<GemmOut>>,
 }
 
 /// Every GEMM case run once per binary on both paths (and, where the SASS path runs wgmma, on
@@ -253,7 +256,7 @@ fn each_gemm_point(
             for &(r, col) in &points {
                 let (want, mag) = gemm_element(&c.a, &c.w, s, r, col);
                 check(
-                    *path,
+                    path,
                     c,
                     r,
                     col,
@@ -390,8 +393,9 @@ fn gpu_gemm_wgmma_equals_mma_sync() {
 /// its first row and its outputs.
 struct ChunkedGemm {
     n: usize,
-    whole: (Vec<bf16>, Vec<f32>),
-    chunkings: Vec<Vec<(usize, Vec<bf16>, Vec<f32>)>>,
+    whole: GemmOut,
+    /// Per chunking, per chunk: its first row and its outputs.
+    chunkings: Vec<Vec<(usize, GemmOut)>>,
 }
 
 fn chunked_gemm() -> &'static ChunkedGemm {
@@ -430,7 +434,7 @@ fn chunked_gemm() -> &'static ChunkedGemm {
                 .map(|&m| {
                     let (part, part32) = run(&a[r0 * full.k..(r0 + m) * full.k], m);
                     r0 += m;
-                    (r0 - m, part, part32)
+                    (r0 - m, (part, part32))
                 })
                 .collect()
         })
@@ -449,7 +453,7 @@ fn gpu_gemm_bf16_rows_do_not_depend_on_the_chunking() {
     let runs = chunked_gemm();
     let n = runs.n;
     for chunks in &runs.chunkings {
-        for (r0, part, _) in chunks {
+        for (r0, (part, _)) in chunks {
             let m = part.len() / n;
             assert_same_bits(
                 &format!("rows {r0}..{} alone vs in the whole", r0 + m),
@@ -467,7 +471,7 @@ fn gpu_gemm_f32_rows_do_not_depend_on_the_chunking() {
     let runs = chunked_gemm();
     let n = runs.n;
     for chunks in &runs.chunkings {
-        for (r0, _, part32) in chunks {
+        for (r0, (_, part32)) in chunks {
             assert!(
                 part32
                     .iter()

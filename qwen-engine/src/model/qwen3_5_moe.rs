@@ -265,7 +265,10 @@ impl Qwen35MoeConfig {
                 ),
             );
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
             return fail(
                 "partial_rotary_factor",
                 format!(
