@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::driver::{run, run_one, Generation, Request};
-use common::fixtures::{self, Fixture};
+use common::driver::{run, run_one, Request};
+use common::fixtures::{self, check_against_oracle, Fixture};
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::runner::Runner;
 
@@ -28,33 +28,6 @@ fn runner_for(f: &Fixture) -> CpuRunner {
     .unwrap()
 }
 
-/// Tokens equal, step by step, and each step's top-5 logits within tolerance. Returns the
-/// largest absolute and relative logit differences seen.
-fn check_against_oracle(f: &Fixture, prompt: &fixtures::Prompt, got: &Generation) -> (f32, f32) {
-    let (mut worst_abs, mut worst_rel) = (0.0f32, 0.0f32);
-    for (i, step) in prompt.steps.iter().enumerate() {
-        let logits = &got.logits[i];
-        for (&id, &want) in step.top5_ids.iter().zip(&step.top5_logits) {
-            let diff = (logits[id as usize] - want).abs();
-            worst_abs = worst_abs.max(diff);
-            worst_rel = worst_rel.max(diff / want.abs().max(1.0));
-            assert!(
-                diff <= TOL * want.abs().max(1.0),
-                "{} {} step {i}: logit of token {id} is {}, transformers {want} (diff {diff:e})",
-                f.name,
-                prompt.name,
-                logits[id as usize]
-            );
-        }
-        assert_eq!(
-            got.tokens[i], step.token,
-            "{} {} step {i}: cpu chose {}, transformers {} (margin {})",
-            f.name, prompt.name, got.tokens[i], step.token, step.margin
-        );
-    }
-    (worst_abs, worst_rel)
-}
-
 #[test]
 fn cpu_runner_reproduces_every_fixture_token_for_token() {
     let all = fixtures::all();
@@ -70,7 +43,7 @@ fn cpu_runner_reproduces_every_fixture_token_for_token() {
             )
             .unwrap();
             assert_eq!(got.tokens.len(), f.expected.steps_per_prompt);
-            let (a, r) = check_against_oracle(f, prompt, &got);
+            let (a, r) = check_against_oracle(f, prompt, &got, TOL);
             worst_abs = worst_abs.max(a);
             worst_rel = worst_rel.max(r);
         }
@@ -143,7 +116,7 @@ fn teacher_forcing_feeds_the_oracle_tokens() {
     let mut request = Request::greedy(&prompt.ids, prompt.steps.len());
     request.teacher = Some(&prompt.generated);
     let forced = run_one(&mut runner, request, None).unwrap();
-    check_against_oracle(&f, prompt, &forced);
+    check_against_oracle(&f, prompt, &forced, TOL);
     // Forcing other tokens changes what follows.
     let wrong: Vec<u32> = prompt.generated.iter().map(|t| (t + 1) % 512).collect();
     let mut request = Request::greedy(&prompt.ids, 4);

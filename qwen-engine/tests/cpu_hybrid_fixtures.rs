@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::driver::{run, run_one, Generation, Request};
+use common::driver::{run, run_one, Request};
 use common::fixtures::{self, Fixture};
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::model::ModelConfig;
@@ -35,29 +35,6 @@ fn runner_for(f: &Fixture, slots: usize) -> CpuRunner {
     runner(&config, &weights, slots)
 }
 
-fn check_against_oracle(f: &Fixture, prompt: &fixtures::Prompt, got: &Generation) -> f32 {
-    let mut worst = 0.0f32;
-    for (i, step) in prompt.steps.iter().enumerate() {
-        for (&id, &want) in step.top5_ids.iter().zip(&step.top5_logits) {
-            let diff = (got.logits[i][id as usize] - want).abs();
-            worst = worst.max(diff / want.abs().max(1.0));
-            assert!(
-                diff <= TOL * want.abs().max(1.0),
-                "{} {} step {i}: logit of token {id} is {}, transformers {want} (diff {diff:e})",
-                f.name,
-                prompt.name,
-                got.logits[i][id as usize]
-            );
-        }
-        assert_eq!(
-            got.tokens[i], step.token,
-            "{} {} step {i}: cpu chose {}, transformers {} (margin {})",
-            f.name, prompt.name, got.tokens[i], step.token, step.margin
-        );
-    }
-    worst
-}
-
 #[test]
 fn cpu_engine_reproduces_every_hybrid_fixture_token_for_token() {
     let all = fixtures::all_hybrid();
@@ -72,7 +49,8 @@ fn cpu_engine_reproduces_every_hybrid_fixture_token_for_token() {
                 None,
             )
             .unwrap();
-            worst = worst.max(check_against_oracle(f, prompt, &got));
+            let (_, rel) = fixtures::check_against_oracle(f, prompt, &got, TOL);
+            worst = worst.max(rel);
         }
     }
     eprintln!("top-5 logits vs transformers float32: max |diff|/max(|logit|,1) {worst:e}");

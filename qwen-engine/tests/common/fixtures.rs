@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::driver::Generation;
 use qwen_engine::load::load_model_dir;
 use qwen_engine::model::ModelConfig;
 use qwen_engine::weights::Weights;
@@ -143,4 +144,37 @@ fn all_in(root: &Path) -> Vec<Fixture> {
 
 pub fn by_name(name: &str) -> Fixture {
     load(&fixtures_dir().join(name))
+}
+
+/// Tokens equal, step by step, and each step's top-5 logits within `tol` (relative to
+/// `max(|logit|, 1)`), for the CPU runner's `got`. Returns the
+/// largest absolute and relative logit differences seen.
+pub fn check_against_oracle(
+    f: &Fixture,
+    prompt: &Prompt,
+    got: &Generation,
+    tol: f32,
+) -> (f32, f32) {
+    let (mut worst_abs, mut worst_rel) = (0.0f32, 0.0f32);
+    for (i, step) in prompt.steps.iter().enumerate() {
+        let logits = &got.logits[i];
+        for (&id, &want) in step.top5_ids.iter().zip(&step.top5_logits) {
+            let diff = (logits[id as usize] - want).abs();
+            worst_abs = worst_abs.max(diff);
+            worst_rel = worst_rel.max(diff / want.abs().max(1.0));
+            assert!(
+                diff <= tol * want.abs().max(1.0),
+                "{} {} step {i}: logit of token {id} is {}, transformers {want} (diff {diff:e})",
+                f.name,
+                prompt.name,
+                logits[id as usize]
+            );
+        }
+        assert_eq!(
+            got.tokens[i], step.token,
+            "{} {} step {i}: cpu chose {}, transformers {} (margin {})",
+            f.name, prompt.name, got.tokens[i], step.token, step.margin
+        );
+    }
+    (worst_abs, worst_rel)
 }
