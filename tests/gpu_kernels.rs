@@ -16,10 +16,12 @@ use aot_kernels::dispatch::{
 };
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
+use aot_kernels::ops::output_gate::{sigmoid_gate_mul, sigmoid_gate_reference};
 use aot_kernels::ops::rmsnorm::{
     fused_add_rmsnorm, fused_add_rmsnorm_reference, rmsnorm, rmsnorm_reference, RmsNormParams,
 };
 use aot_kernels::ops::rotary::{cos_sin_cache, rotary_neox, rotary_neox_reference, RotaryParams};
+use aot_kernels::ops::{dev, dev_mut};
 use aot_kernels::registry::ModuleKind;
 use gpu_common::{device, load, load_both_paths, random_bf16, test_seed};
 use half::bf16;
@@ -152,6 +154,32 @@ fn run_ops(kernels: &LoadedKernels, inputs: &Inputs) -> (Outputs, Outputs) {
         silu_and_mul(kernels, &mut dout, &dinput, rows, d).unwrap();
         gpu.push((name.into(), stream.clone_dtoh(&dout).unwrap()));
         cpu.push((name.into(), silu_and_mul_reference(&input, rows, d)));
+    }
+
+    // The output gate of gated attention, in place, with the gate a column range of a wider row
+    // (Qwen3.5-35B-A3B: 16 heads of 256 gated, the gates after [q | k | v] in rows of 9216).
+    for (name, rows, width, ld_gate, gate_at) in [
+        ("sigmoid_gate_mul 8x4096", 8, 4096, 9216, 5120),
+        ("sigmoid_gate_mul 3x300", 3, 300, 700, 33),
+    ] {
+        let x = random_bf16(&mut rng, rows * width, 4.0);
+        let g = random_bf16(&mut rng, rows * ld_gate, 8.0);
+        let mut dx = stream.clone_htod(&x).unwrap();
+        let dg = stream.clone_htod(&g).unwrap();
+        sigmoid_gate_mul(
+            kernels,
+            dev_mut(kernels, &mut dx),
+            width,
+            dev(kernels, &dg).skip(gate_at).unwrap(),
+            ld_gate,
+            rows,
+            width,
+        )
+        .unwrap();
+        let mut want = x.clone();
+        sigmoid_gate_reference(&mut want, width, &g[gate_at..], ld_gate, rows, width);
+        gpu.push((name.into(), stream.clone_dtoh(&dx).unwrap()));
+        cpu.push((name.into(), want));
     }
     stream.synchronize().unwrap();
     (gpu, cpu)

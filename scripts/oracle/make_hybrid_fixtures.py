@@ -33,6 +33,7 @@ calls of each path.
 
     python3 scripts/oracle/make_hybrid_fixtures.py --out qwen-engine/tests/fixtures-hybrid --device cpu
     python3 scripts/oracle/compare_fixtures.py qwen-engine/tests/fixtures-hybrid /tmp/other-run
+    python3 scripts/oracle/make_hybrid_fixtures.py --a3b-shapes --out /tmp/hybrid-a3b --device cuda  # GPU tests
 """
 
 import argparse
@@ -161,6 +162,36 @@ FIXTURES = [
         mrope_section=[2, 1, 1],
         prompt_lengths=[3, 29, 515],
         layouts=[("conditional", "per_expert")],
+    ),
+]
+
+
+# The shapes the GPU's Gated DeltaNet and MoE kernels are compiled for (Qwen3.5/3.6-35B-A3B's:
+# hidden 2048, 256 experts of 512, top 8, DeltaNet 16 key / 32 value heads of 128, attention 16 / 2
+# heads of 256), with four layers and a small vocabulary. About 6.5 GB of bf16 weights: made on the
+# GPU machine for qwen-engine/tests/gpu_hybrid.rs (`--a3b-shapes`), never committed.
+A3B_SHAPES = [
+    dict(
+        name="a3b-l3f1",
+        seed=7007,
+        layer_types=[LIN, LIN, LIN, FULL],
+        vocab_size=2048,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        rope_theta=10_000_000.0,
+        mrope_section=[11, 11, 10],
+        prompt_lengths=[5, 37, 530],
+        layouts=[("text", "fused")],
     ),
 ]
 
@@ -507,10 +538,16 @@ def make_model(f, out, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(ap)
+    ap.add_argument(
+        "--a3b-shapes",
+        action="store_true",
+        help="make the GPU tests' fixtures of the 35B-A3B shapes (four layers, ~6.5 GB) instead of the tiny ones",
+    )
     args = ap.parse_args()
-    device = setup(args, FIXTURES)
+    fixtures = A3B_SHAPES if args.a3b_shapes else FIXTURES
+    device = setup(args, fixtures)
     assert_torch_gdn_paths()
-    for f in FIXTURES:
+    for f in fixtures:
         if args.only and f["name"] not in args.only:
             continue
         make_model(f, args.out, device)

@@ -16,6 +16,7 @@ pub mod init;
 pub mod kv_cache;
 pub mod launch;
 pub mod moe;
+pub mod output_gate;
 pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;
@@ -38,6 +39,7 @@ const LAUNCHED: &[&[(&str, &str)]] = &[
     gemv::LAUNCHED,
     init::LAUNCHED,
     moe::LAUNCHED,
+    output_gate::LAUNCHED,
     qk_norm_rope::LAUNCHED,
     rmsnorm::LAUNCHED,
     rotary::LAUNCHED,

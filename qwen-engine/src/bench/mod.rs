@@ -3,4 +3,5 @@
 
 pub mod chart;
 pub mod report;
+pub mod traffic;
 pub mod validate;

@@ -1,7 +1,8 @@
 //! The GPU runner on the AOT kernels of `aot-kernels` (every kernel from the embedded registry,
 //! picked by the dispatcher for this GPU and driver; nothing beyond libcuda at run time): set-up,
 //! passes and the [`Runner`] here; the forward pass of each family in its own file ([`qwen3`]);
-//! CUDA graphs in [`graphs`]. It serves the dense family so far.
+//! CUDA graphs in [`graphs`]. The hybrid family has its own runner ([`hybrid`]); [`open_runner`]
+//! picks the runner of a config's family.
 //!
 //! Prompt tokens go through the prefill path ([`prefill`]: GEMMs over a chunk). Generated tokens
 //! go through decode passes of 1 to 8 token rows, each a (slot, position, token) of a different
@@ -14,10 +15,13 @@
 
 mod ahead;
 pub mod graphs;
+pub mod hybrid;
+pub mod hybrid_weights;
 mod inputs;
 mod packing;
 pub mod prefill;
 mod qwen3;
+mod qwen3_5_moe;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -186,8 +190,86 @@ pub struct GpuRunner {
     ahead: Option<ahead::AheadPass>,
 }
 
+/// A GPU runner of any family, as the CLI and the bench hold it.
+pub trait CudaRunner: Runner {
+    fn kernels(&self) -> &LoadedKernels;
+    fn stats(&self) -> GpuStats;
+}
+
+impl CudaRunner for GpuRunner {
+    fn kernels(&self) -> &LoadedKernels {
+        &self.kernels
+    }
+
+    fn stats(&self) -> GpuStats {
+        self.stats
+    }
+}
+
+impl CudaRunner for hybrid::HybridGpuRunner {
+    fn kernels(&self) -> &LoadedKernels {
+        hybrid::HybridGpuRunner::kernels(self)
+    }
+
+    fn stats(&self) -> GpuStats {
+        hybrid::HybridGpuRunner::stats(self)
+    }
+}
+
+/// The GPU runner of `config`'s family: [`GpuRunner`] for dense Qwen3, [`hybrid::HybridGpuRunner`]
+/// for Qwen3.5/3.6 MoE.
+pub fn open_runner(
+    config: &ModelConfig,
+    weights: &Weights,
+    options: &GpuOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Box<dyn CudaRunner>, RunnerError> {
+    Ok(match config {
+        ModelConfig::Qwen3(_) => Box::new(GpuRunner::new(config, weights, options, progress)?),
+        ModelConfig::Qwen35Moe(_) => Box::new(hybrid::HybridGpuRunner::new(
+            config, weights, options, progress,
+        )?),
+    })
+}
+
 pub(crate) fn dev_err(what: &str) -> impl Fn(DriverError) -> RunnerError + '_ {
     move |e| RunnerError::Device(format!("{what}: {e}"))
+}
+
+/// Makes row `slot` of the device block table (`slots` rows of `ld_bt`, mirrored in `host`) name
+/// `blocks` of a cache of `kv_blocks` blocks; uploads the row only if it changed.
+pub(crate) fn set_block_row(
+    kernels: &LoadedKernels,
+    table: &mut CudaSlice<i32>,
+    host: &mut [i32],
+    (slots, ld_bt, kv_blocks): (usize, usize, usize),
+    slot: usize,
+    blocks: &[u32],
+) -> Result<(), RunnerError> {
+    if slot >= slots || blocks.len() > ld_bt {
+        return Err(RunnerError::Plan(format!(
+            "slot {slot} with {} blocks: the runner has {slots} slots of at most {ld_bt} blocks",
+            blocks.len(),
+        )));
+    }
+    if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= kv_blocks) {
+        return Err(RunnerError::Plan(format!(
+            "block {bad} is past the cache's {kv_blocks} blocks"
+        )));
+    }
+    let row: Vec<i32> = (0..ld_bt)
+        .map(|j| blocks.get(j).map_or(-1, |&b| b as i32))
+        .collect();
+    let at = slot * ld_bt;
+    if host[at..at + ld_bt] != row[..] {
+        let mut view = table.slice_mut(at..at + ld_bt);
+        kernels
+            .stream()
+            .memcpy_htod(&row, &mut view)
+            .map_err(dev_err("block table"))?;
+        host[at..at + ld_bt].copy_from_slice(&row);
+    }
+    Ok(())
 }
 
 pub(crate) fn ops_err(e: OpsError) -> RunnerError {
@@ -358,33 +440,14 @@ impl GpuRunner {
 
     /// Makes the device block table of `slot` name `blocks` (uploads the row if it changed).
     fn set_blocks(&mut self, slot: usize, blocks: &[u32]) -> Result<(), RunnerError> {
-        if slot >= self.slots || blocks.len() > self.ld_bt {
-            return Err(RunnerError::Plan(format!(
-                "slot {slot} with {} blocks: the runner has {} slots of at most {} blocks",
-                blocks.len(),
-                self.slots,
-                self.ld_bt
-            )));
-        }
-        if let Some(&bad) = blocks.iter().find(|&&b| b as usize >= self.kv_blocks) {
-            return Err(RunnerError::Plan(format!(
-                "block {bad} is past the cache's {} blocks",
-                self.kv_blocks
-            )));
-        }
-        let row: Vec<i32> = (0..self.ld_bt)
-            .map(|j| blocks.get(j).map_or(-1, |&b| b as i32))
-            .collect();
-        let at = slot * self.ld_bt;
-        if self.host_table[at..at + self.ld_bt] != row[..] {
-            let mut view = self.block_table.slice_mut(at..at + self.ld_bt);
-            self.kernels
-                .stream()
-                .memcpy_htod(&row, &mut view)
-                .map_err(dev_err("block table"))?;
-            self.host_table[at..at + self.ld_bt].copy_from_slice(&row);
-        }
-        Ok(())
+        set_block_row(
+            &self.kernels,
+            &mut self.block_table,
+            &mut self.host_table,
+            (self.slots, self.ld_bt, self.kv_blocks),
+            slot,
+            blocks,
+        )
     }
 
     /// Copies `rows` (at most eight) into the device's pass inputs: packed into this turn's

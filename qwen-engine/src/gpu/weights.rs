@@ -135,7 +135,7 @@ fn buffer(
 }
 
 /// Writes tensor `index` of the table at `offset` elements into `dst`.
-fn fill(
+pub(super) fn fill(
     kernels: &LoadedKernels,
     dst: &mut CudaSlice<bf16>,
     offset: usize,

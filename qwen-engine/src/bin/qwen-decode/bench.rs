@@ -23,10 +23,11 @@ use qwen_engine::bench::report::{
     now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,
     ModelInfo, Peers, Prefill, ReaderRuns,
 };
+use qwen_engine::bench::traffic::{decode_step_bytes, prefill_flops};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
-use qwen_engine::gpu::{GpuOptions, GpuRunner};
-use qwen_engine::model::Qwen3Config;
+use qwen_engine::gpu::{self, CudaRunner, GpuOptions};
+use qwen_engine::model::ModelConfig;
 use qwen_engine::scheduler::{Event, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
 
@@ -123,7 +124,11 @@ fn nvidia_smi_clocks() -> Result<Clocks, String> {
 
 /// Read bandwidth of our streaming kernels over one buffer of `bytes`: each reader's median of
 /// `runs` reads (the readers alternate, so both see the same clocks), the fastest sets the limit.
-fn measure_bandwidth(runner: &GpuRunner, bytes: usize, runs: usize) -> Result<Bandwidth, String> {
+fn measure_bandwidth(
+    runner: &dyn CudaRunner,
+    bytes: usize,
+    runs: usize,
+) -> Result<Bandwidth, String> {
     let kernels = runner.kernels();
     let s = kernels.stream();
     let words = (bytes / 16) * 4;
@@ -200,13 +205,13 @@ fn prompt(input: usize, vocab: usize, seed: u64, request: u64) -> Vec<u32> {
         .collect()
 }
 
-/// FLOPs of a prefill of `tokens` tokens (per sequence `per_seq`): the projections plus attention.
-fn prefill_flops(c: &Qwen3Config, tokens: usize, per_seq: usize) -> f64 {
-    let linear = (c.parameter_count() - (c.vocab_size * c.hidden_size) as u64) as f64;
-    let attn = 4.0 * (per_seq as f64).powi(2) / 2.0
-        * (c.num_attention_heads * c.head_dim) as f64
-        * c.num_hidden_layers as f64;
-    2.0 * linear * tokens as f64 + attn * (tokens / per_seq.max(1)) as f64
+/// The mean distinct experts per MoE call between two reports' `moe_routing` (the hybrid runner's
+/// log of its decode passes); `None` for a runner that logs none (a dense model).
+fn routing_delta(before: &serde_json::Value, after: &serde_json::Value) -> Option<f64> {
+    let get = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_i64);
+    let calls = get(after, "decode_moe_calls")? - get(before, "decode_moe_calls")?;
+    let experts = get(after, "distinct_experts")? - get(before, "distinct_experts")?;
+    (calls > 0).then(|| experts as f64 / calls as f64)
 }
 
 struct Timer {
@@ -225,7 +230,7 @@ impl Timer {
 fn run_cell(
     engine: &mut Engine,
     timer: &Timer,
-    cfg: &Qwen3Config,
+    config: &ModelConfig,
     args: &BenchArgs,
     policy: Policy,
     input: usize,
@@ -238,11 +243,12 @@ fn run_cell(
     // queues the next pass before a step's tokens are read) queues the pass after it, so that the
     // window holds exactly `new_tokens` passes in either mode (the first timed pass was queued by
     // the last warm-up step, before the window opens). And one more for the prefill's token.
+    let vocab = config.describe().vocab_size;
     let total_new = warmup + args.new_tokens + 2;
     let mut ids: Vec<RequestId> = Vec::new();
     for r in 0..concurrency {
         let spec = RequestSpec {
-            prompt: prompt(input, cfg.vocab_size, 1234 + input as u64, r as u64),
+            prompt: prompt(input, vocab, 1234 + input as u64, r as u64),
             max_new_tokens: total_new,
             sampling: SamplingParams::GREEDY,
             seed: r as u64,
@@ -275,7 +281,8 @@ fn run_cell(
         let ev = engine.step().map_err(|e| e.to_string())?;
         collect(ev, &mut generated);
     }
-    let stats_before = engine.runner().report()["stats"].clone();
+    let before = engine.runner().report();
+    let (stats_before, routing_before) = (before["stats"].clone(), before["moe_routing"].clone());
     let (start, stop) = (timer.event()?, timer.event()?);
     let mut step_events = Vec::with_capacity(args.new_tokens);
     let profiler = if profile {
@@ -295,6 +302,7 @@ fn run_cell(
     stop.record(&timer.stream).map_err(|e| e.to_string())?;
     stop.synchronize().map_err(|e| e.to_string())?;
     drop(profiler);
+    let routing_after = engine.runner().report()["moe_routing"].clone();
     let window_ms = f64::from(start.elapsed_ms(&stop).map_err(|e| e.to_string())?);
     let steps_ms: Vec<f64> = step_events
         .iter()
@@ -313,19 +321,20 @@ fn run_cell(
             .saturating_sub(stats_before[k].as_u64().unwrap_or(0))
     };
 
-    // Bytes a timed step moves: every weight once, each request's cache up to its position, and
-    // the one position each request writes.
-    let kvpt = cfg.kv_bytes_per_token() as f64;
+    // Bytes a timed step moves (bench::traffic): every weight it uses once (a MoE block's experts
+    // as the window's routing chose them), each request's cache up to its position and the one
+    // position each writes, each request's recurrent state read and written.
     let mean_ctx = (input + warmup + 1) as f64 + args.new_tokens as f64 / 2.0;
-    let bytes_per_step =
-        cfg.parameter_count() as f64 * 2.0 + concurrency as f64 * (mean_ctx + 1.0) * kvpt;
+    let distinct = routing_delta(&routing_before, &routing_after);
+    let bytes_per_step = decode_step_bytes(config, concurrency, mean_ctx, distinct)
+        .map_err(|e| format!("cell i{input} c{concurrency}: {e}"))?;
 
     // Request 0 alone must give the same tokens.
     let first_matches_single = if concurrency == 1 {
         true
     } else {
         let spec = RequestSpec {
-            prompt: prompt(input, cfg.vocab_size, 1234 + input as u64, 0),
+            prompt: prompt(input, vocab, 1234 + input as u64, 0),
             max_new_tokens: total_new,
             sampling: SamplingParams::GREEDY,
             seed: 0,
@@ -357,7 +366,7 @@ fn run_cell(
         first_matches_single,
     });
     cell.prefill_tflops =
-        Some(prefill_flops(cfg, input * concurrency, input) / (prefill_ms * 1e-3) / 1e12);
+        Some(prefill_flops(config, input * concurrency, input) / (prefill_ms * 1e-3) / 1e12);
     cell.graph_replays = Some(delta("graph_replays"));
     cell.eager_passes = Some(delta("eager_passes"));
     Ok((cell, generated))
@@ -380,16 +389,6 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             .into());
     }
     let src: ModelSource = open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
-    let cfg = src
-        .config
-        .as_qwen3()
-        .ok_or_else(|| {
-            format!(
-                "bench: `{}` has no GPU forward yet; the bench runs dense Qwen3 models",
-                src.config.model_type()
-            )
-        })?
-        .clone();
     let model = src.config.describe();
     let kv_budget = parse_bytes(&args.kv_budget)?;
     let bw_bytes = parse_bytes(&args.bandwidth_bytes)?;
@@ -424,7 +423,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             decode_ahead: !args.no_decode_ahead && !args.profile_window,
         };
         let setup = Instant::now();
-        let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |_| {})
+        let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |_| {})
             .map_err(|e| e.to_string())?;
         eprintln!(
             "[{policy}] runner ready in {:.2} s",
@@ -443,7 +442,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             serde_json::to_value(report).map_err(|e| e.to_string())?,
         );
         if bandwidth.is_none() {
-            let b = measure_bandwidth(&runner, bw_bytes, 5)?;
+            let b = measure_bandwidth(runner.as_ref(), bw_bytes, 5)?;
             eprintln!(
                 "streaming read: {} (medians of {} runs over {} bytes)",
                 b.describe(),
@@ -471,13 +470,13 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
         };
         let mut opts = EngineOptions::for_model(&model);
         opts.max_context = options.max_context;
-        let mut engine = Engine::new(Box::new(runner), &model, opts);
+        let mut engine = Engine::new(runner, &model, opts);
         for &input in &args.inputs {
             for &c in &args.concurrency {
                 let (cell, _) = run_cell(
                     &mut engine,
                     &timer,
-                    &cfg,
+                    &src.config,
                     args,
                     policy,
                     input,

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
-use qwen_engine::gpu::{GpuOptions, GpuRunner};
+use qwen_engine::gpu::{self, GpuOptions};
 use qwen_engine::memory;
 use qwen_engine::runner::{DeviceKind, Runner};
 use qwen_engine::scheduler::{Event, FinishReason, RequestId, RequestSpec};
@@ -198,12 +198,12 @@ fn build_runner(
                 attention_cluster: true,
                 decode_ahead: !args.no_decode_ahead,
             };
-            let runner = GpuRunner::new(&src.config, &src.weights, &options, &mut |n| {
+            let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
             })
             .map_err(|e| e.to_string())?;
             bar.finish_and_clear();
-            Ok(Box::new(runner))
+            Ok(runner as Box<dyn Runner>)
         }
         DeviceKind::Cpu => {
             let budget = budget.unwrap_or(256 << 20);

@@ -1,0 +1,477 @@
+//! The hybrid Qwen3.5/3.6 MoE forward pass on the GPU (the equations of `model::qwen3_5_moe`),
+//! over the `n` rows of a pass: every sequence's rows in position order. Per layer:
+//!
+//! ```text
+//! linear     gemv/gemm x4   in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+//!            gdn            conv1d and state shift, the delta rule on the slot's state, gated norm
+//!                           (decode: the recurrent step; prefill: the chunked kernel)
+//!            gemv/gemm      out_proj
+//! attention  gemv/gemm      [queries | keys | values | gates]
+//!            decode:  attention (q/k norm (1 + w), RoPE, k and v into the cache, split-KV)
+//!            prefill: per sequence q/k norm, RoPE and cache write, then causal attention
+//!            output_gate    o *= sigmoid(gate)
+//!            gemv/gemm      o_proj
+//! both       add + norm     h += mixer; x = rmsnorm(h) * (1 + w_post)
+//!            moe            router, top-k, the chosen experts and the shared expert (16 rows a call)
+//!            add + norm     h += moe; x = rmsnorm(h) * (1 + w_next)   (or the final norm)
+//! ```
+//!
+//! then, for the rows that sample, lm_head and the sampling. Projections take the GEMV (up to
+//! eight rows) or the GEMM (more).
+
+use aot_kernels::device::CudaSlice;
+use aot_kernels::dispatch::LoadedKernels;
+use aot_kernels::ops::attention::{attention_decode, attn_splits, AttnDecode, AttnScratch};
+use aot_kernels::ops::attention_prefill::{attention_prefill, AttentionPrefillParams};
+use aot_kernels::ops::embedding::embedding;
+use aot_kernels::ops::gated_delta_net::{
+    gdn_decode, gdn_prefill, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
+};
+use aot_kernels::ops::gemm::{gemm_bf16, GemmShape};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, MAX_TOKENS};
+use aot_kernels::ops::kv_cache::BlockTable;
+use aot_kernels::ops::moe::{moe_forward, MoeLayer};
+use aot_kernels::ops::output_gate::sigmoid_gate_mul;
+use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
+use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
+use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShape};
+use aot_kernels::ops::{dev, dev_mut, OpsError};
+use half::bf16;
+
+use super::hybrid::{
+    HybridBuffers, HybridGpuRunner, PassSeq, EXPERT_LOG, HYBRID_PASS_ROWS, MOE_ROWS,
+};
+use super::hybrid_weights::{AttentionWeights, LinearWeights, MixerWeights};
+use super::inputs;
+use crate::model::Qwen35MoeConfig;
+
+/// `out[rows, n_out] = x[rows, k] W^T`: the GEMV up to eight rows, the GEMM beyond.
+#[allow(clippy::too_many_arguments)]
+fn project(
+    kernels: &LoadedKernels,
+    w: &CudaSlice<bf16>,
+    n_out: usize,
+    k: usize,
+    rows: usize,
+    x: &CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), OpsError> {
+    if rows <= MAX_TOKENS {
+        gemv(
+            kernels,
+            dev(kernels, w),
+            n_out,
+            k,
+            rows,
+            &GemvInput::Plain {
+                x: dev(kernels, x),
+                ld_x: k,
+            },
+            GemvOutput::Bf16 {
+                out: dev_mut(kernels, out),
+                ld_out: n_out,
+            },
+        )
+    } else {
+        gemm_bf16(kernels, out, x, w, &GemmShape::dense(rows, n_out, k))
+    }
+}
+
+impl HybridGpuRunner {
+    /// Every layer over the pass's `n` rows; leaves `b.x` holding `rmsnorm(h) * (1 + w_final)`.
+    pub(super) fn launch_layers(
+        &mut self,
+        seqs: &[PassSeq],
+        n: usize,
+        decode: bool,
+    ) -> Result<(), OpsError> {
+        let c = &self.cfg;
+        let kernels = &self.kernels;
+        let (h, v) = (c.hidden_size, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        let norm = RmsNormParams {
+            rows: n,
+            hidden: h,
+            eps,
+            weight_offset: 1.0,
+        };
+        let t = HYBRID_PASS_ROWS;
+        embedding(
+            kernels,
+            dev_mut(kernels, &mut self.b.h),
+            h,
+            None,
+            dev(kernels, &self.w.embed),
+            v,
+            h,
+            dev(kernels, &self.b.rows_meta.slice(0..t)),
+            n,
+        )?;
+        rmsnorm(
+            kernels,
+            &mut self.b.x,
+            &self.b.h,
+            &self.w.layers[0].input_norm,
+            &norm,
+        )?;
+        let layers = self.w.layers.len();
+        let HybridGpuRunner {
+            kernels,
+            cfg,
+            gdn,
+            moe: moe_shape,
+            w,
+            k_cache,
+            v_cache,
+            conv_state,
+            rec_state,
+            rope,
+            max_pos,
+            b,
+            block_table,
+            ld_bt,
+            expert_log,
+            expert_log_len,
+            ..
+        } = self;
+        let fixed = Fixed {
+            kernels,
+            cfg,
+            rope,
+            max_pos: *max_pos,
+            block_table,
+            ld_bt: *ld_bt,
+        };
+        for l in 0..layers {
+            let lw = &w.layers[l];
+            match &lw.mixer {
+                MixerWeights::Linear(m) => {
+                    let mut state = GdnState {
+                        slots: conv_state[m.state_layer].len() / gdn.conv_state_len().max(1),
+                        conv: &mut conv_state[m.state_layer],
+                        recurrent: &mut rec_state[m.state_layer],
+                    };
+                    linear_mixer(&fixed, gdn, m, &mut state, b, seqs.len(), n, decode)?
+                }
+                MixerWeights::Attention(m) => {
+                    let l = m.cache_layer;
+                    attention_mixer(
+                        &fixed,
+                        m,
+                        &mut k_cache[l],
+                        &mut v_cache[l],
+                        b,
+                        seqs,
+                        n,
+                        decode,
+                    )?
+                }
+            }
+            fused_add_rmsnorm(kernels, &mut b.y, &mut b.h, &lw.post_norm, &norm)?;
+            let moe = MoeLayer {
+                router: &lw.moe.router,
+                shared_gate: &lw.moe.shared_gate,
+                gate_up: &lw.moe.gate_up,
+                down: &lw.moe.down,
+                shared_gate_up: &lw.moe.shared_gate_up,
+                shared_down: &lw.moe.shared_down,
+            };
+            if n <= MOE_ROWS {
+                moe_forward(
+                    kernels,
+                    moe_shape,
+                    &moe,
+                    &b.y,
+                    n,
+                    &mut b.moe_scratch,
+                    &mut b.x,
+                )?;
+                if decode && *expert_log_len < EXPERT_LOG {
+                    let at = *expert_log_len;
+                    kernels
+                        .stream()
+                        .memcpy_dtod(
+                            &b.moe_scratch.n_experts.slice(0..1),
+                            &mut expert_log.slice_mut(at..at + 1),
+                        )
+                        .map_err(|e| OpsError::Driver {
+                            op: "expert log",
+                            source: e,
+                        })?;
+                    *expert_log_len += 1;
+                }
+            } else {
+                let s = kernels.stream();
+                let copy = |e| OpsError::Driver {
+                    op: "moe rows",
+                    source: e,
+                };
+                for first in (0..n).step_by(MOE_ROWS) {
+                    let rows = MOE_ROWS.min(n - first);
+                    let span = first * h..(first + rows) * h;
+                    s.memcpy_dtod(
+                        &b.y.slice(span.clone()),
+                        &mut b.moe_in.slice_mut(0..rows * h),
+                    )
+                    .map_err(copy)?;
+                    moe_forward(
+                        kernels,
+                        moe_shape,
+                        &moe,
+                        &b.moe_in,
+                        rows,
+                        &mut b.moe_scratch,
+                        &mut b.moe_out,
+                    )?;
+                    s.memcpy_dtod(&b.moe_out.slice(0..rows * h), &mut b.x.slice_mut(span))
+                        .map_err(copy)?;
+                }
+            }
+            let next = if l + 1 < layers {
+                &w.layers[l + 1].input_norm
+            } else {
+                &w.final_norm
+            };
+            fused_add_rmsnorm(kernels, &mut b.x, &mut b.h, next, &norm)?;
+        }
+        Ok(())
+    }
+
+    /// lm_head over the final hidden states of `rows` (at most eight) and the sampling, with the
+    /// parameters in `b.inputs`: tokens into `b.sampled`, logits into `b.logits`.
+    pub(super) fn launch_logits(&mut self, rows: &[usize]) -> Result<(), OpsError> {
+        let kernels = &self.kernels;
+        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let b = &mut self.b;
+        let s = kernels.stream();
+        for (i, &r) in rows.iter().enumerate() {
+            s.memcpy_dtod(
+                &b.x.slice(r * h..(r + 1) * h),
+                &mut b.last.slice_mut(i * h..(i + 1) * h),
+            )
+            .map_err(|e| OpsError::Driver {
+                op: "sampling rows",
+                source: e,
+            })?;
+        }
+        let m = rows.len();
+        gemv(
+            kernels,
+            dev(kernels, self.w.lm_head()),
+            v,
+            h,
+            m,
+            &GemvInput::Plain {
+                x: dev(kernels, &b.last),
+                ld_x: h,
+            },
+            GemvOutput::F32 {
+                out: dev_mut(kernels, &mut b.logits),
+                ld_out: v,
+            },
+        )?;
+        sample_tokens(
+            kernels,
+            &mut b.sampled,
+            &b.logits,
+            &LogitsShape {
+                rows: m,
+                vocab: v,
+                row_stride: v,
+            },
+            &DeviceSamplingParams {
+                temperature: dev(kernels, &inputs::temperature(&b.inputs)),
+                top_k: dev(kernels, &inputs::top_k(&b.inputs)),
+                top_p: dev(kernels, &inputs::top_p(&b.inputs)),
+                seed: dev(kernels, &inputs::seed(&b.inputs)),
+                counter: dev(kernels, &inputs::counter(&b.inputs)),
+            },
+        )
+    }
+}
+
+/// What the mixers read besides their weights and the pass buffers.
+struct Fixed<'a> {
+    kernels: &'a LoadedKernels,
+    cfg: &'a Qwen35MoeConfig,
+    rope: &'a CudaSlice<f32>,
+    max_pos: usize,
+    block_table: &'a CudaSlice<i32>,
+    ld_bt: usize,
+}
+
+/// A Gated DeltaNet layer: `b.x` in, `b.y` out; advances the sequences' state slots.
+#[allow(clippy::too_many_arguments)]
+fn linear_mixer(
+    f: &Fixed<'_>,
+    g: &GdnShape,
+    m: &LinearWeights,
+    state: &mut GdnState<'_>,
+    b: &mut HybridBuffers,
+    n_seqs: usize,
+    n: usize,
+    decode: bool,
+) -> Result<(), OpsError> {
+    let kernels = f.kernels;
+    let h = f.cfg.hidden_size;
+    project(kernels, &m.qkv, g.conv_dim(), h, n, &b.x, &mut b.gdn_qkv)?;
+    project(kernels, &m.z, g.value_width(), h, n, &b.x, &mut b.gdn_z)?;
+    project(kernels, &m.b, g.value_heads, h, n, &b.x, &mut b.gdn_b)?;
+    project(kernels, &m.a, g.value_heads, h, n, &b.x, &mut b.gdn_a)?;
+    let layer = GdnLayer {
+        conv_weight: &m.conv,
+        a_log: &m.a_log,
+        dt_bias: &m.dt_bias,
+        norm_weight: &m.norm,
+        eps: f.cfg.rms_norm_eps as f32,
+    };
+    let sequences = GdnSequences {
+        n_seqs,
+        n_tokens: n,
+        cu_seqlens: &b.cu_seqlens,
+        slots: &b.state_slots,
+        has_state: &b.has_state,
+    };
+    let inputs = GdnInputs {
+        qkv: &b.gdn_qkv,
+        a: &b.gdn_a,
+        b: &b.gdn_b,
+        z: &b.gdn_z,
+    };
+    let step = if decode { gdn_decode } else { gdn_prefill };
+    step(
+        kernels,
+        g,
+        &layer,
+        state,
+        &sequences,
+        &inputs,
+        &mut b.gdn_scratch,
+        &mut b.gdn_out,
+    )?;
+    project(kernels, &m.out, h, g.value_width(), n, &b.gdn_out, &mut b.y)
+}
+
+/// A gated attention layer: `b.x` in, `b.y` out; writes the rows' keys and values.
+#[allow(clippy::too_many_arguments)]
+fn attention_mixer(
+    f: &Fixed<'_>,
+    m: &AttentionWeights,
+    k_cache: &mut CudaSlice<bf16>,
+    v_cache: &mut CudaSlice<bf16>,
+    b: &mut HybridBuffers,
+    seqs: &[PassSeq],
+    n: usize,
+    decode: bool,
+) -> Result<(), OpsError> {
+    let (c, kernels) = (f.cfg, f.kernels);
+    let (h, d, nh, kv) = (
+        c.hidden_size,
+        c.head_dim,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+    );
+    let eps = c.rms_norm_eps as f32;
+    let width = (2 * nh + 2 * kv) * d;
+    let q_dim = nh * d;
+    let t = HYBRID_PASS_ROWS;
+    project(kernels, &m.qkvg, width, h, n, &b.x, &mut b.qkvg)?;
+    if decode {
+        let grid_splits = seqs
+            .iter()
+            .map(|sq| attn_splits(sq.start_pos + 1).0)
+            .max()
+            .unwrap_or(1);
+        attention_decode(
+            kernels,
+            AttnDecode {
+                qkv: dev(kernels, &b.qkvg),
+                ld_qkv: width,
+                q_norm: dev(kernels, &m.q_norm),
+                k_norm: dev(kernels, &m.k_norm),
+                eps,
+                weight_offset: 1.0,
+                cos_sin: dev(kernels, f.rope),
+                max_pos: f.max_pos,
+                k_cache: dev_mut(kernels, k_cache),
+                v_cache: dev_mut(kernels, v_cache),
+                block_table: dev(kernels, f.block_table),
+                ld_bt: f.ld_bt,
+                slot_of_row: dev(kernels, &b.rows_meta.slice(2 * t..3 * t)),
+                positions: dev(kernels, &b.rows_meta.slice(t..2 * t)),
+                out: dev_mut(kernels, &mut b.attn),
+                m: n,
+                q_heads: nh,
+                kv_heads: kv,
+                head_dim: d,
+                grid_splits,
+                pipelined: false,
+                cluster: false,
+                overlap_previous: false,
+            },
+            &mut AttnScratch {
+                ws_ml: dev_mut(kernels, &mut b.attn_ml),
+                ws_o: dev_mut(kernels, &mut b.attn_o),
+                counters: dev_mut(kernels, &mut b.attn_counters),
+            },
+        )?;
+    } else {
+        for sq in seqs {
+            let blocks = BlockTable {
+                table: f.block_table,
+                offset: sq.slot * f.ld_bt,
+                len: f.ld_bt,
+            };
+            qk_norm_rope_cache(
+                kernels,
+                &QkNormRopeInputs {
+                    qkv: dev(kernels, &b.qkvg).skip(sq.row * width)?,
+                    q_norm: &m.q_norm,
+                    k_norm: &m.k_norm,
+                    cos_sin: f.rope,
+                    max_position: f.max_pos,
+                    blocks,
+                },
+                dev_mut(kernels, &mut b.q).skip(sq.row * q_dim)?,
+                k_cache,
+                v_cache,
+                &QkNormRopeParams {
+                    tokens: sq.len,
+                    q_heads: nh,
+                    kv_heads: kv,
+                    head_dim: d,
+                    qkv_stride: width,
+                    start_pos: sq.start_pos,
+                    eps,
+                    weight_offset: 1.0,
+                },
+            )?;
+            attention_prefill(
+                kernels,
+                dev_mut(kernels, &mut b.attn).skip(sq.row * q_dim)?,
+                dev(kernels, &b.q).skip(sq.row * q_dim)?,
+                k_cache,
+                v_cache,
+                &blocks,
+                &AttentionPrefillParams {
+                    tokens: sq.len,
+                    q_heads: nh,
+                    kv_heads: kv,
+                    head_dim: d,
+                    start_pos: sq.start_pos,
+                    softmax_scale: 1.0 / (d as f32).sqrt(),
+                },
+            )?;
+        }
+    }
+    sigmoid_gate_mul(
+        kernels,
+        dev_mut(kernels, &mut b.attn),
+        q_dim,
+        dev(kernels, &b.qkvg).skip((nh + 2 * kv) * d)?,
+        width,
+        n,
+        q_dim,
+    )?;
+    project(kernels, &m.o, h, q_dim, n, &b.attn, &mut b.y)
+}
