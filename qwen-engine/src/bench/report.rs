@@ -131,6 +131,11 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     pub kv_bytes_per_token: u64,
     pub layers: u32,
+    /// A MoE model: the weight bytes a decode step reads at least (every weight but the routed
+    /// experts and the embedding table, plus `top_k` experts per layer). `None`: a dense model,
+    /// which reads every weight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_step_weight_bytes: Option<u64>,
 }
 
 impl ModelInfo {
@@ -142,6 +147,7 @@ impl ModelInfo {
             weight_bytes: parameters * 2,
             kv_bytes_per_token: model.kv_bytes_per_token as u64,
             layers: model.layers.len() as u32,
+            min_step_weight_bytes: None,
         }
     }
 }

@@ -60,6 +60,19 @@ pub fn decode_step_bytes(
     }
 }
 
+/// The weight bytes a MoE model's decode step reads at least: every weight but the routed experts
+/// and the untied embedding table, plus `top_k` experts per layer. `None` for a dense model.
+pub fn min_step_weight_bytes(config: &ModelConfig) -> Option<u64> {
+    match config {
+        ModelConfig::Qwen3(_) => None,
+        ModelConfig::Qwen35Moe(c) => {
+            decode_step_bytes(config, 0, 0.0, Some(c.num_experts_per_tok as f64))
+                .ok()
+                .map(|b| b as u64)
+        }
+    }
+}
+
 /// FLOPs of a prefill of `tokens` tokens, `per_seq` per sequence: twice the parameters each token
 /// multiplies (the embedding excepted; a MoE block's top-k experts and its shared expert, not all
 /// experts), plus causal attention's two products over the attention layers.

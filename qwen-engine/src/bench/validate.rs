@@ -355,15 +355,20 @@ impl BenchReport {
             }
             if bytes {
                 // Each step reads at least the live contexts; and the weights, of which an untied
-                // embedding table is read one row per token, hence only half counted here.
+                // embedding table is read one row per token, hence only half counted here (a MoE
+                // model: the weights every step reads, the embedding table left out).
                 let kv_floor =
                     (cell.concurrency * cell.input) as f64 * self.model.kv_bytes_per_token as f64;
-                let floor = kv_floor + self.model.weight_bytes as f64 / 2.0;
+                let weights_floor = self
+                    .model
+                    .min_step_weight_bytes
+                    .map_or(self.model.weight_bytes as f64 / 2.0, |b| b as f64);
+                let floor = kv_floor + weights_floor;
                 if cell.bytes_per_step < floor {
                     c.fail(
                         "bytes_per_step",
                         format!(
-                            "is {}, less than half the weights plus the prompts' KV cache ({floor})",
+                            "is {}, less than the weights a step reads at least plus the prompts' KV cache ({floor})",
                             cell.bytes_per_step
                         ),
                     );

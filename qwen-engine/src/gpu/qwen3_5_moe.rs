@@ -17,7 +17,7 @@
 //! ```
 //!
 //! then, for the rows that sample, lm_head and the sampling. Projections take the GEMV (up to
-//! eight rows) or the GEMM (more).
+//! eight rows, a decode pass) or the GEMM (a prefill pass, whatever its rows).
 
 use aot_kernels::device::CudaSlice;
 use aot_kernels::dispatch::LoadedKernels;
@@ -28,7 +28,7 @@ use aot_kernels::ops::gated_delta_net::{
     gdn_decode, gdn_prefill, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
 };
 use aot_kernels::ops::gemm::{gemm_bf16, GemmShape};
-use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, MAX_TOKENS};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
 use aot_kernels::ops::kv_cache::BlockTable;
 use aot_kernels::ops::moe::{moe_forward, MoeLayer};
 use aot_kernels::ops::output_gate::sigmoid_gate_mul;
@@ -45,9 +45,12 @@ use super::hybrid_weights::{AttentionWeights, LinearWeights, MixerWeights};
 use super::inputs;
 use crate::model::Qwen35MoeConfig;
 
-/// `out[rows, n_out] = x[rows, k] W^T`: the GEMV up to eight rows, the GEMM beyond.
+/// `out[rows, n_out] = x[rows, k] W^T`: the GEMV for a decode pass, the GEMM for a prefill pass
+/// whatever its row count (as the dense engine), so that a prompt's rows get the same bits however
+/// the prompts of a step are packed.
 #[allow(clippy::too_many_arguments)]
 fn project(
+    decode: bool,
     kernels: &LoadedKernels,
     w: &CudaSlice<bf16>,
     n_out: usize,
@@ -56,7 +59,7 @@ fn project(
     x: &CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
-    if rows <= MAX_TOKENS {
+    if decode {
         gemv(
             kernels,
             dev(kernels, w),
@@ -314,10 +317,46 @@ fn linear_mixer(
 ) -> Result<(), OpsError> {
     let kernels = f.kernels;
     let h = f.cfg.hidden_size;
-    project(kernels, &m.qkv, g.conv_dim(), h, n, &b.x, &mut b.gdn_qkv)?;
-    project(kernels, &m.z, g.value_width(), h, n, &b.x, &mut b.gdn_z)?;
-    project(kernels, &m.b, g.value_heads, h, n, &b.x, &mut b.gdn_b)?;
-    project(kernels, &m.a, g.value_heads, h, n, &b.x, &mut b.gdn_a)?;
+    project(
+        decode,
+        kernels,
+        &m.qkv,
+        g.conv_dim(),
+        h,
+        n,
+        &b.x,
+        &mut b.gdn_qkv,
+    )?;
+    project(
+        decode,
+        kernels,
+        &m.z,
+        g.value_width(),
+        h,
+        n,
+        &b.x,
+        &mut b.gdn_z,
+    )?;
+    project(
+        decode,
+        kernels,
+        &m.b,
+        g.value_heads,
+        h,
+        n,
+        &b.x,
+        &mut b.gdn_b,
+    )?;
+    project(
+        decode,
+        kernels,
+        &m.a,
+        g.value_heads,
+        h,
+        n,
+        &b.x,
+        &mut b.gdn_a,
+    )?;
     let layer = GdnLayer {
         conv_weight: &m.conv,
         a_log: &m.a_log,
@@ -349,7 +388,16 @@ fn linear_mixer(
         &mut b.gdn_scratch,
         &mut b.gdn_out,
     )?;
-    project(kernels, &m.out, h, g.value_width(), n, &b.gdn_out, &mut b.y)
+    project(
+        decode,
+        kernels,
+        &m.out,
+        h,
+        g.value_width(),
+        n,
+        &b.gdn_out,
+        &mut b.y,
+    )
 }
 
 /// A gated attention layer: `b.x` in, `b.y` out; writes the rows' keys and values.
@@ -375,7 +423,7 @@ fn attention_mixer(
     let width = (2 * nh + 2 * kv) * d;
     let q_dim = nh * d;
     let t = HYBRID_PASS_ROWS;
-    project(kernels, &m.qkvg, width, h, n, &b.x, &mut b.qkvg)?;
+    project(decode, kernels, &m.qkvg, width, h, n, &b.x, &mut b.qkvg)?;
     if decode {
         let grid_splits = seqs
             .iter()
@@ -473,5 +521,5 @@ fn attention_mixer(
         n,
         q_dim,
     )?;
-    project(kernels, &m.o, h, q_dim, n, &b.attn, &mut b.y)
+    project(decode, kernels, &m.o, h, q_dim, n, &b.attn, &mut b.y)
 }

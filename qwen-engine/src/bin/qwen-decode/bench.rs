@@ -23,7 +23,7 @@ use qwen_engine::bench::report::{
     now_utc, Bandwidth, BenchReport, BuildInfo, Cell, CellTiming, Clocks, ColdStart, DeviceInfo,
     ModelInfo, Peers, Prefill, ReaderRuns,
 };
-use qwen_engine::bench::traffic::{decode_step_bytes, prefill_flops};
+use qwen_engine::bench::traffic::{decode_step_bytes, min_step_weight_bytes, prefill_flops};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
 use qwen_engine::gpu::{self, CudaRunner, GpuOptions};
@@ -521,7 +521,10 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
         },
         build: BuildInfo::current(args.git_commit.clone()),
         dispatch: serde_json::Value::Object(dispatch),
-        model: ModelInfo::from_model(&src.name, &model),
+        model: ModelInfo {
+            min_step_weight_bytes: min_step_weight_bytes(&src.config),
+            ..ModelInfo::from_model(&src.name, &model)
+        },
         bandwidth: bandwidth.ok_or("no bandwidth was measured")?,
         cells,
         peers: None,
