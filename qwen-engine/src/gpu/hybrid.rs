@@ -476,27 +476,13 @@ impl Runner for HybridGpuRunner {
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;
-            if seq.tokens.is_empty() {
-                return Err(RunnerError::Plan(format!(
-                    "slot {}: a step with no tokens",
-                    seq.slot
-                )));
-            }
+            super::check_seq_step(seq)?;
             if seq.end_pos() > self.max_pos {
                 return Err(RunnerError::Plan(format!(
                     "slot {}: positions up to {} are past the context of {}",
                     seq.slot,
                     seq.end_pos(),
                     self.max_pos
-                )));
-            }
-            if memory::blocks_for(seq.end_pos()) > seq.blocks.len() {
-                return Err(RunnerError::Plan(format!(
-                    "slot {}: positions up to {} need {} blocks, the request holds {}",
-                    seq.slot,
-                    seq.end_pos(),
-                    memory::blocks_for(seq.end_pos()),
-                    seq.blocks.len()
                 )));
             }
             match seq.state_slot {

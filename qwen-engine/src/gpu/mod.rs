@@ -272,6 +272,26 @@ pub(crate) fn set_block_row(
     Ok(())
 }
 
+/// A sequence's part of a plan has tokens, and blocks for every position it reaches.
+pub(crate) fn check_seq_step(seq: &crate::runner::SeqStep<'_>) -> Result<(), RunnerError> {
+    if seq.tokens.is_empty() {
+        return Err(RunnerError::Plan(format!(
+            "slot {}: a step with no tokens",
+            seq.slot
+        )));
+    }
+    if memory::blocks_for(seq.end_pos()) > seq.blocks.len() {
+        return Err(RunnerError::Plan(format!(
+            "slot {}: positions up to {} need {} blocks, the request holds {}",
+            seq.slot,
+            seq.end_pos(),
+            memory::blocks_for(seq.end_pos()),
+            seq.blocks.len()
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn ops_err(e: OpsError) -> RunnerError {
     RunnerError::Device(e.to_string())
 }
@@ -639,21 +659,7 @@ impl Runner for GpuRunner {
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;
-            if seq.tokens.is_empty() {
-                return Err(RunnerError::Plan(format!(
-                    "slot {}: a step with no tokens",
-                    seq.slot
-                )));
-            }
-            if memory::blocks_for(seq.end_pos()) > seq.blocks.len() {
-                return Err(RunnerError::Plan(format!(
-                    "slot {}: positions up to {} need {} blocks, the request holds {}",
-                    seq.slot,
-                    seq.end_pos(),
-                    memory::blocks_for(seq.end_pos()),
-                    seq.blocks.len()
-                )));
-            }
+            check_seq_step(seq)?;
         }
         let mut out = StepOutput {
             tokens: vec![None; plan.seqs.len()],
