@@ -742,3 +742,31 @@ fn fast_path_modules_run_only_as_their_own_sass() {
         p.to_table()
     );
 }
+
+#[test]
+fn a_module_cut_to_its_ptx_takes_the_ptx_only_choice_under_auto_and_the_others_keep_sass() {
+    let modules = ModuleSource::registry();
+    let h200 = dev("9.0", false, "13.0");
+    let ptx = plan(h200, Policy::PtxOnly, true, &modules);
+    let auto = plan(h200, Policy::Auto, true, &modules);
+    for cut in [0, modules.len() - 1] {
+        let mixed: Vec<ModuleSource> = modules
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, m)| if i == cut { m.ptx_only() } else { m })
+            .collect();
+        let p = plan(h200, Policy::Auto, true, &mixed);
+        for (i, m) in p.modules.iter().enumerate() {
+            let want = if i == cut { &ptx } else { &auto };
+            let (got, want) = (m.choice.as_ref(), want.modules[i].choice.as_ref());
+            assert_eq!(
+                got.map(|c| (c.target, c.toolchain)),
+                want.map(|c| (c.target, c.toolchain)),
+                "{}: cut module {cut}",
+                m.module
+            );
+        }
+        assert!(p.modules[cut].choice.as_ref().is_some_and(|c| c.jit));
+    }
+}

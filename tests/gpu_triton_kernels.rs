@@ -17,7 +17,8 @@ use std::sync::OnceLock;
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::gated_delta_net::{
-    gdn_decode, gdn_prefill, gdn_reference, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
+    gdn_decode, gdn_prefill, gdn_recurrent, gdn_reference, GdnParamsHost, GdnScratch, GdnState,
+    SeqSpec,
 };
 use aot_kernels::ops::moe::{
     moe_forward, moe_reference, moe_reference_from_logits, moe_router_logits_reference,
@@ -66,14 +67,24 @@ fn check_f32(what: &str, got: &[f32], want: &[f32]) {
     );
 }
 
-/// One GDN run (decode or prefill) on the GPU from the given states; returns out and states.
+/// Which GDN launcher a run calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GdnPath {
+    Decode,
+    /// Token by token over sequences of any lengths.
+    Recurrent,
+    /// The chunked prefill.
+    Prefill,
+}
+
+/// One GDN run on the GPU from the given states; returns out and states.
 fn run_gdn(
     kernels: &LoadedKernels,
     p: &GdnParamsHost,
     batch: &GdnBatchHost,
     conv0: &[bf16],
     rec0: &[f32],
-    decode: bool,
+    path: GdnPath,
 ) -> (Vec<bf16>, Vec<bf16>, Vec<f32>) {
     let st = kernels.stream();
     let dev = GdnDevice::new(st, p, batch);
@@ -88,7 +99,11 @@ fn run_gdn(
         .alloc_zeros::<bf16>(dev.n_tokens * GDN.value_width())
         .unwrap();
     let (layer, seqs, inputs) = (dev.layer(), dev.seqs(), dev.inputs());
-    let run = if decode { gdn_decode } else { gdn_prefill };
+    let run = match path {
+        GdnPath::Decode => gdn_decode,
+        GdnPath::Recurrent => gdn_recurrent,
+        GdnPath::Prefill => gdn_prefill,
+    };
     run(
         kernels,
         &GDN,
@@ -212,10 +227,49 @@ struct TritonRuns {
     whole: GdnBatchHost,
     one: GdnOut,
     pieces: GdnOut,
+    /// The same prompt token by token (`gdn_recurrent`): in one call, and in pieces of 1, 16, 64
+    /// and 119.
+    one_recurrent: GdnOut,
+    pieces_recurrent: GdnOut,
     moe: MoeWeightsHost,
     moe_inputs: Vec<Vec<bf16>>,
     moe_refs: Vec<MoeReference>,
     moe_runs: Vec<(&'static str, Vec<MoeRun>)>,
+}
+
+/// The one-sequence batch `whole` run in consecutive pieces of `lens` tokens, each from the
+/// states the last left; the pieces' outputs concatenated and the final states.
+fn run_in_pieces(
+    kernels: &LoadedKernels,
+    p: &GdnParamsHost,
+    whole: &GdnBatchHost,
+    conv0: &[bf16],
+    rec0: &[f32],
+    path: GdnPath,
+    lens: &[usize],
+) -> GdnOut {
+    assert_eq!(lens.iter().sum::<usize>(), whole.seqs[0].len);
+    let (mut conv, mut rec, mut out) = (conv0.to_vec(), rec0.to_vec(), Vec::new());
+    let mut start = 0;
+    for &len in lens {
+        let rows = |v: &[bf16], width: usize| v[start * width..(start + len) * width].to_vec();
+        let piece = GdnBatchHost {
+            seqs: vec![SeqSpec {
+                start: 0,
+                len,
+                ..whole.seqs[0]
+            }],
+            qkv: rows(&whole.qkv, GDN.conv_dim()),
+            a: rows(&whole.a, GDN.value_heads),
+            b: rows(&whole.b, GDN.value_heads),
+            z: rows(&whole.z, GDN.value_width()),
+        };
+        let r = run_gdn(kernels, p, &piece, &conv, &rec, path);
+        out.extend(r.0);
+        (conv, rec) = (r.1, r.2);
+        start += len;
+    }
+    (out, conv, rec)
 }
 
 fn triton_runs() -> &'static TritonRuns {
@@ -241,11 +295,12 @@ fn triton_runs() -> &'static TritonRuns {
         let gdn = gdn_fixture(&mut rng, SLOTS);
         let (p, conv0, rec0) = (&gdn.params, &gdn.conv0, &gdn.rec0);
         let gdn_runs = [
-            ("gdn_decode", &gdn.decode, true),
-            ("gdn_prefill", &gdn.prefill, false),
+            ("gdn_decode", &gdn.decode, GdnPath::Decode),
+            ("gdn_prefill", &gdn.prefill, GdnPath::Prefill),
+            ("gdn_recurrent", &gdn.prefill, GdnPath::Recurrent),
         ]
         .into_iter()
-        .map(|(name, batch, is_decode)| {
+        .map(|(name, batch, path)| {
             let (mut conv_w, mut rec_w) = (conv0.clone(), rec0.clone());
             let want = gdn_reference(
                 &GDN,
@@ -258,8 +313,8 @@ fn triton_runs() -> &'static TritonRuns {
                 &batch.b,
                 &batch.z,
             );
-            let got = run_gdn(&sass, p, batch, conv0, rec0, is_decode);
-            let got_ptx = run_gdn(&ptx, p, batch, conv0, rec0, is_decode);
+            let got = run_gdn(&sass, p, batch, conv0, rec0, path);
+            let got_ptx = run_gdn(&ptx, p, batch, conv0, rec0, path);
             let (rel, _) = bf16_error(&got_ptx.0, &got.0);
             eprintln!("{name}: SASS vs PTX JIT outputs differ by {rel:.2e} of max");
             GdnRun {
@@ -270,29 +325,28 @@ fn triton_runs() -> &'static TritonRuns {
         })
         .collect();
 
-        // Chunked prefill: one prompt in one call, and in pieces with the state carried.
+        // One prompt in one call, and in pieces with the state carried.
         let whole = gdn_batch(&mut rng, &[200], &[10], &[true]);
-        let one = run_gdn(&sass, p, &whole, conv0, rec0, false);
-        let (mut conv, mut rec, mut pieces_out) = (conv0.clone(), rec0.clone(), Vec::new());
-        let mut start = 0;
-        for len in [37, 64, 99] {
-            let piece = GdnBatchHost {
-                seqs: vec![SeqSpec {
-                    start: 0,
-                    len,
-                    slot: 10,
-                    has_state: true,
-                }],
-                qkv: whole.qkv[start * GDN.conv_dim()..(start + len) * GDN.conv_dim()].to_vec(),
-                a: whole.a[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
-                b: whole.b[start * GDN.value_heads..(start + len) * GDN.value_heads].to_vec(),
-                z: whole.z[start * GDN.value_width()..(start + len) * GDN.value_width()].to_vec(),
-            };
-            let r = run_gdn(&sass, p, &piece, &conv, &rec, false);
-            pieces_out.extend(r.0);
-            (conv, rec) = (r.1, r.2);
-            start += len;
-        }
+        let one = run_gdn(&sass, p, &whole, conv0, rec0, GdnPath::Prefill);
+        let pieces = run_in_pieces(
+            &sass,
+            p,
+            &whole,
+            conv0,
+            rec0,
+            GdnPath::Prefill,
+            &[37, 64, 99],
+        );
+        let one_recurrent = run_gdn(&sass, p, &whole, conv0, rec0, GdnPath::Recurrent);
+        let pieces_recurrent = run_in_pieces(
+            &sass,
+            p,
+            &whole,
+            conv0,
+            rec0,
+            GdnPath::Recurrent,
+            &[1, 16, 64, 119],
+        );
 
         // MoE for 1..8 tokens; every expert no token chooses is NaN on the GPU, so reading one
         // shows.
@@ -367,7 +421,9 @@ fn triton_runs() -> &'static TritonRuns {
             gdn_runs,
             whole,
             one,
-            pieces: (pieces_out, conv, rec),
+            pieces,
+            one_recurrent,
+            pieces_recurrent,
             moe: w,
             moe_inputs,
             moe_refs,
@@ -473,6 +529,43 @@ fn gpu_gdn_prefill_in_pieces_recurrent_state_matches_one_call() {
         "state after pieces vs one call",
         &runs.pieces.2,
         &runs.one.2,
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_recurrent_output_matches_the_cpu_reference() {
+    check_gdn_out("gdn_recurrent");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_recurrent_states_match_the_cpu_reference() {
+    check_gdn_conv_state("gdn_recurrent");
+    check_gdn_state("gdn_recurrent");
+}
+
+/// Token by token, where a prompt is cut must not move a bit: outputs and both states.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_recurrent_in_pieces_gives_the_bits_of_one_call() {
+    let runs = triton_runs();
+    let (pieces, one) = (&runs.pieces_recurrent, &runs.one_recurrent);
+    let differ = pieces
+        .0
+        .iter()
+        .zip(&one.0)
+        .filter(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(
+        differ.count(),
+        0,
+        "outputs of pieces 1+16+64+119 vs one call"
+    );
+    assert_eq!(pieces.1, one.1, "conv state after pieces");
+    let state_bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        state_bits(&pieces.2) == state_bits(&one.2),
+        "recurrent state after pieces differs from one call's"
     );
 }
 
@@ -613,10 +706,10 @@ fn gpu_triton_outputs_match_transformers() {
     let dir = cases_dir();
     let mut cases = Vec::new();
     let (p, conv0, rec0) = (&runs.gdn.params, &runs.gdn.conv0, &runs.gdn.rec0);
-    for (run, batch) in runs
-        .gdn_runs
-        .iter()
-        .zip([&runs.gdn.decode, &runs.gdn.prefill])
+    for (run, batch) in
+        runs.gdn_runs
+            .iter()
+            .zip([&runs.gdn.decode, &runs.gdn.prefill, &runs.gdn.prefill])
     {
         let (_, got) = &run.per_path[0];
         cases.push(write_gdn_case(&dir, run.name, p, batch, conv0, rec0, got));

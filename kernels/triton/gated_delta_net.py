@@ -103,48 +103,62 @@ def _softplus(x):
 
 @triton.jit
 def gdn_recurrent_step(
-    qkv_ptr, a_ptr, b_ptr, z_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, slots_ptr, out_ptr,
+    qkv_ptr, a_ptr, b_ptr, z_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, cu_seqlens_ptr, slots_ptr,
+    has_state_ptr, out_ptr,
     eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
 ):
-    """One decode step of the gated delta rule for one token of each sequence, then the gated norm.
+    """The gated delta rule one token at a time over each sequence's new tokens (one in a decode
+    step, a prompt chunk's in prefill), each followed by the gated norm.
 
-    One program per (sequence, value head) holds the head's whole DK x DV fp32 state: decay,
-    read (kv = S^T k), delta = beta (v - kv), write S += k delta^T, output o = S^T q.
+    One program per (sequence, value head) holds the head's whole DK x DV fp32 state in registers
+    from the first token to the last: per token decay, read (kv = S^T k), delta = beta (v - kv),
+    write S += k delta^T, output o = S^T q. Every token runs the same instructions whichever call
+    it is in, and the state crosses calls as exact fp32, so a sequence's outputs and final state do
+    not depend on how its tokens are split into calls (decode steps, prompt chunks of any size).
     """
-    b = tl.program_id(0)
+    seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // (HV // HK)
     CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
     dk = tl.arange(0, DK)
     dv = tl.arange(0, DV)
-    row = qkv_ptr + b.to(tl.int64) * CONV_DIM
-    q = tl.load(row + hk * DK + dk).to(tl.float32)
-    k = tl.load(row + HK * DK + hk * DK + dk).to(tl.float32)
-    v = tl.load(row + 2 * HK * DK + hv * DV + dv).to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q / (DK ** 0.5)
-
-    b_in = tl.load(b_ptr + b * HV + hv).to(tl.float32)
-    beta = (1.0 / (1.0 + tl.exp(-b_in))).to(tl.bfloat16).to(tl.float32)
-    a_in = tl.load(a_ptr + b * HV + hv).to(tl.float32)
-    g = -tl.exp(tl.load(a_log_ptr + hv)) * _softplus(a_in + tl.load(dt_bias_ptr + hv))
-
-    slot = tl.load(slots_ptr + b).to(tl.int64)
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    has_state = tl.load(has_state_ptr + seq) != 0
     s_ptrs = state_ptr + ((slot * HV + hv) * DK + dk[:, None]) * DV + dv[None, :]
-    s = tl.load(s_ptrs) * tl.exp(g)
-    kv = tl.sum(s * k[:, None], axis=0)
-    delta = (v - kv) * beta
-    s = s + k[:, None] * delta[None, :]
-    o = tl.sum(s * q[:, None], axis=0)
-    tl.store(s_ptrs, s)
-
-    o = o.to(tl.bfloat16).to(tl.float32)[None, :]
-    z = tl.load(z_ptr + (b * HV + hv) * DV + dv).to(tl.float32)[None, :]
+    s = tl.load(s_ptrs, mask=has_state, other=0.0)
+    neg_a = -tl.exp(tl.load(a_log_ptr + hv))
+    dt_bias = tl.load(dt_bias_ptr + hv)
     w = tl.load(norm_w_ptr + dv).to(tl.float32)
-    y = _gated_rmsnorm_rows(o, z, w, eps, DV)
-    tl.store(out_ptr + (b * HV + hv) * DV + dv[None, :], y)
+
+    for t in range(start, end):
+        row = qkv_ptr + t.to(tl.int64) * CONV_DIM
+        q = tl.load(row + hk * DK + dk).to(tl.float32)
+        k = tl.load(row + HK * DK + hk * DK + dk).to(tl.float32)
+        v = tl.load(row + 2 * HK * DK + hv * DV + dv).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q = q / (DK ** 0.5)
+
+        b_in = tl.load(b_ptr + t * HV + hv).to(tl.float32)
+        beta = (1.0 / (1.0 + tl.exp(-b_in))).to(tl.bfloat16).to(tl.float32)
+        a_in = tl.load(a_ptr + t * HV + hv).to(tl.float32)
+        g = neg_a * _softplus(a_in + dt_bias)
+
+        s = s * tl.exp(g)
+        kv = tl.sum(s * k[:, None], axis=0)
+        delta = (v - kv) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = tl.sum(s * q[:, None], axis=0)
+
+        o = o.to(tl.bfloat16).to(tl.float32)[None, :]
+        z = tl.load(z_ptr + (t * HV + hv) * DV + dv).to(tl.float32)[None, :]
+        y = _gated_rmsnorm_rows(o, z, w, eps, DV)
+        tl.store(out_ptr + (t * HV + hv) * DV + dv[None, :], y)
+
+    tl.store(s_ptrs, s)
 
 
 @triton.jit
@@ -259,7 +273,8 @@ SPECS = [
         signature={
             "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "z_ptr": "*bf16",
             "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "norm_w_ptr": "*bf16", "state_ptr": "*fp32",
-            "slots_ptr": "*i32", "out_ptr": "*bf16", "eps": "fp32",
+            "cu_seqlens_ptr": "*i32", "slots_ptr": "*i32", "has_state_ptr": "*i32", "out_ptr": "*bf16",
+            "eps": "fp32",
         },
         constexprs=QWEN35_A3B,
         num_warps=8,

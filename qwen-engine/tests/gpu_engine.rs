@@ -44,6 +44,7 @@ fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) 
         attention_pipelined: None,
         attention_cluster: true,
         decode_ahead: true,
+        ptx_modules: Vec::new(),
     }
 }
 
@@ -518,6 +519,7 @@ fn serve(
         weights,
         &GpuOptions {
             decode_ahead: ahead,
+            ptx_modules: Vec::new(),
             ..options(Policy::Auto, ToolchainChoice::Newest, graphs, 256 << 20)
         },
     );
@@ -719,6 +721,7 @@ fn drive(ahead: bool) -> (Vec<u32>, Vec<f32>, Vec<f32>, GpuStats) {
         &weights,
         &GpuOptions {
             decode_ahead: ahead,
+            ptx_modules: Vec::new(),
             ..options(Policy::Auto, ToolchainChoice::Newest, true, 64 << 20)
         },
     );

@@ -19,7 +19,8 @@ mod common;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aot_kernels::dispatch::{Policy, ToolchainChoice};
+use aot_kernels::dispatch::{ModuleSource, Policy, ToolchainChoice};
+use aot_kernels::registry::ModuleKind;
 use common::driver::{run, Generation, Request};
 use common::fixtures::{self, Fixture};
 use qwen_engine::gpu::hybrid::HybridGpuRunner;
@@ -47,6 +48,43 @@ fn gpu_fixtures() -> Vec<Fixture> {
     dirs.iter().map(|d| fixtures::load(d)).collect()
 }
 
+/// How a run loads and launches: the policy, the modules taken from their PTX whatever the
+/// policy, CUDA graphs on or off.
+#[derive(Debug, Clone)]
+struct Mode {
+    label: &'static str,
+    policy: Policy,
+    ptx_modules: Vec<String>,
+    graphs: bool,
+}
+
+impl Mode {
+    fn of(label: &'static str, policy: Policy, graphs: bool) -> Mode {
+        Mode {
+            label,
+            policy,
+            ptx_modules: Vec::new(),
+            graphs,
+        }
+    }
+
+    fn options(&self, toolchain: ToolchainChoice, slots: usize) -> GpuOptions {
+        GpuOptions {
+            ptx_modules: self.ptx_modules.clone(),
+            graphs: self.graphs,
+            ..options(self.policy, toolchain, slots)
+        }
+    }
+}
+
+/// The modules of one kind in the registry.
+fn modules_of(kind: ModuleKind) -> Vec<String> {
+    ModuleSource::registry_of_kind(kind)
+        .into_iter()
+        .map(|m| m.name)
+        .collect()
+}
+
 fn options(policy: Policy, toolchain: ToolchainChoice, slots: usize) -> GpuOptions {
     GpuOptions {
         policy,
@@ -59,6 +97,7 @@ fn options(policy: Policy, toolchain: ToolchainChoice, slots: usize) -> GpuOptio
         attention_pipelined: None,
         attention_cluster: true,
         decode_ahead: false,
+        ptx_modules: Vec::new(),
     }
 }
 
@@ -85,14 +124,12 @@ struct PolicyRun {
     reuse: Vec<Generation>,
 }
 
-fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, policy: Policy) -> PolicyRun {
+/// Teacher-forced generations (every prompt in one batch) and free-running ones (each alone).
+type ForcedAndAlone = (Vec<Generation>, Vec<Generation>);
+
+/// Every prompt teacher-forced in one batch, and each alone free-running (whole prompts).
+fn forced_and_alone(r: &mut HybridGpuRunner, f: &Fixture) -> ForcedAndAlone {
     let prompts = &f.expected.prompts;
-    let label = format!("{} [{policy}]", f.name);
-    let mut r = runner(
-        config,
-        weights,
-        &options(policy, ToolchainChoice::Newest, 8),
-    );
     let reqs: Vec<Request> = prompts
         .iter()
         .map(|p| Request {
@@ -100,17 +137,40 @@ fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, policy: Poli
             ..Request::greedy(&p.ids, p.generated.len())
         })
         .collect();
-    let forced = run(&mut r, &reqs, None).unwrap();
-    let (mut noise_abs, mut noise_rel) = (0.0f32, 0.0f32);
+    let forced = run(r, &reqs, None).unwrap();
+    let alone = prompts
+        .iter()
+        .map(|p| {
+            run(r, &[Request::greedy(&p.ids, p.generated.len())], None)
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
+    (forced, alone)
+}
+
+fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, mode: &Mode) -> PolicyRun {
+    let prompts = &f.expected.prompts;
+    let label = format!("{} [{}]", f.name, mode.label);
+    let mut r = runner(config, weights, &mode.options(ToolchainChoice::Newest, 8));
+    let (forced, alone) = forced_and_alone(&mut r, f);
+    let (mut noise_abs, mut noise_rel, mut worst) = (0.0f32, 0.0f32, String::new());
     for (p, g) in prompts.iter().zip(&forced) {
-        for (step, logits) in p.steps.iter().zip(&g.logits) {
+        for (i, (step, logits)) in p.steps.iter().zip(&g.logits).enumerate() {
             for (&id, &want) in step.top5_ids.iter().zip(&step.top5_logits) {
                 let d = (logits[id as usize] - want).abs();
                 noise_abs = noise_abs.max(d);
-                noise_rel = noise_rel.max(d / want.abs().max(1.0));
+                if d / want.abs().max(1.0) > noise_rel {
+                    noise_rel = d / want.abs().max(1.0);
+                    worst = format!(
+                        "{} step {i} token {id}: {} vs {want}",
+                        p.name, logits[id as usize]
+                    );
+                }
             }
         }
     }
+    eprintln!("{label}: largest relative difference at {worst}");
     let alone_with = |r: &mut HybridGpuRunner, chunk: Option<usize>| -> Vec<Generation> {
         prompts
             .iter()
@@ -121,7 +181,6 @@ fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, policy: Poli
             })
             .collect()
     };
-    let alone = alone_with(&mut r, None);
     let chunked = [16usize, 64]
         .into_iter()
         .map(|c| (c, alone_with(&mut r, Some(c))))
@@ -142,11 +201,7 @@ fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, policy: Poli
         })
         .collect();
     drop(r);
-    let mut one = runner(
-        config,
-        weights,
-        &options(policy, ToolchainChoice::Newest, 1),
-    );
+    let mut one = runner(config, weights, &mode.options(ToolchainChoice::Newest, 1));
     let (first, last) = (&prompts[0], &prompts[prompts.len() - 1]);
     let reuse = [last, first, last]
         .iter()
@@ -174,24 +229,84 @@ fn policy_run(f: &Fixture, config: &ModelConfig, weights: &Weights, policy: Poli
     }
 }
 
-fn runs() -> &'static [PolicyRun] {
-    static RUNS: OnceLock<Vec<PolicyRun>> = OnceLock::new();
+/// A fixture's runs under `auto` with graphs against those that must give its bits: `ptx-only`,
+/// the same without graphs, and with the CUDA modules alone from their PTX; where `ptx-only`
+/// differs, each Triton module alone from its PTX, and whether that moved the bits.
+struct BitsRun {
+    label: String,
+    auto: ForcedAndAlone,
+    same_bits: Vec<(&'static str, ForcedAndAlone)>,
+    /// Triton module, and whether taking its PTX (its sm_80 code, which Triton compiled for
+    /// another target than its sm_90a SASS) changed the teacher-forced logits.
+    triton_ptx_moves: Vec<(String, bool)>,
+}
+
+struct Runs {
+    policies: Vec<PolicyRun>,
+    bits: Vec<BitsRun>,
+}
+
+fn runs() -> &'static Runs {
+    static RUNS: OnceLock<Runs> = OnceLock::new();
     RUNS.get_or_init(|| {
-        let mut out = Vec::new();
+        let (mut policies, mut bits) = (Vec::new(), Vec::new());
         for f in gpu_fixtures() {
             let (config, weights) = f.load_model();
-            for policy in [Policy::Auto, Policy::PtxOnly] {
-                out.push(policy_run(&f, &config, &weights, policy));
+            for mode in [
+                Mode::of("auto", Policy::Auto, true),
+                Mode::of("ptx-only", Policy::PtxOnly, true),
+            ] {
+                policies.push(policy_run(&f, &config, &weights, &mode));
             }
+            let light = |mode: &Mode| {
+                let mut r = runner(&config, &weights, &mode.options(ToolchainChoice::Newest, 8));
+                let out = forced_and_alone(&mut r, &f);
+                eprintln!("{} [{}]: stats {:?}", f.name, mode.label, r.stats());
+                out
+            };
+            let (p, ptx) = (&policies[policies.len() - 2], &policies[policies.len() - 1]);
+            let cuda_ptx = Mode {
+                ptx_modules: modules_of(ModuleKind::Cuda),
+                ..Mode::of("auto, CUDA modules from PTX", Policy::Auto, true)
+            };
+            let same_bits = vec![
+                ("ptx-only", (ptx.forced.clone(), ptx.alone.clone())),
+                (
+                    "no graphs",
+                    light(&Mode::of("auto, no graphs", Policy::Auto, false)),
+                ),
+                ("CUDA modules from PTX", light(&cuda_ptx)),
+            ];
+            let triton_ptx_moves = if ptx.forced == p.forced {
+                Vec::new()
+            } else {
+                modules_of(ModuleKind::Triton)
+                    .into_iter()
+                    .map(|m| {
+                        let mode = Mode {
+                            ptx_modules: vec![m.clone()],
+                            ..Mode::of("auto, one Triton module from PTX", Policy::Auto, true)
+                        };
+                        let moved = light(&mode).0 != p.forced;
+                        (m, moved)
+                    })
+                    .collect()
+            };
+            bits.push(BitsRun {
+                label: f.name.clone(),
+                auto: (p.forced.clone(), p.alone.clone()),
+                same_bits,
+                triton_ptx_moves,
+            });
         }
-        out
+        Runs { policies, bits }
     })
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_noise_is_within_transformers_bf16_noise() {
-    for r in runs() {
+    for r in &runs().policies {
         let hf = r.fixture.expected.bf16_relative_noise;
         eprintln!(
             "{}: teacher-forced top-5 logits vs transformers: max |diff| {:.4}, max relative {:.4}; \
@@ -213,7 +328,7 @@ fn gpu_hybrid_noise_is_within_transformers_bf16_noise() {
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_greedy_choice_matches_transformers_where_the_margin_allows() {
-    for r in runs() {
+    for r in &runs().policies {
         let threshold = MARGIN_FACTOR * f64::from(r.noise_abs);
         let (mut checked, mut skipped) = (0, 0);
         for (p, g) in r.fixture.expected.prompts.iter().zip(&r.forced) {
@@ -245,7 +360,7 @@ fn gpu_hybrid_greedy_choice_matches_transformers_where_the_margin_allows() {
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_free_running_greedy_matches_transformers_before_the_first_near_tie() {
-    for r in runs() {
+    for r in &runs().policies {
         let threshold = MARGIN_FACTOR * f64::from(r.noise_abs);
         for (p, g) in r.fixture.expected.prompts.iter().zip(&r.alone) {
             let agree = p.steps.iter().take_while(|s| s.margin > threshold).count();
@@ -267,7 +382,7 @@ fn gpu_hybrid_free_running_greedy_matches_transformers_before_the_first_near_tie
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_prompt_chunks_of_16_64_and_whole_give_the_same_tokens() {
-    for r in runs() {
+    for r in &runs().policies {
         for (chunk, gens) in &r.chunked {
             for ((p, g), alone) in r.fixture.expected.prompts.iter().zip(gens).zip(&r.alone) {
                 assert_eq!(
@@ -283,7 +398,7 @@ fn gpu_hybrid_prompt_chunks_of_16_64_and_whole_give_the_same_tokens() {
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_batched_requests_equal_their_single_request_runs() {
-    for r in runs() {
+    for r in &runs().policies {
         let n = r.fixture.expected.prompts.len();
         for (c, gens) in &r.concurrent {
             for (i, g) in gens.iter().enumerate() {
@@ -301,7 +416,7 @@ fn gpu_hybrid_batched_requests_equal_their_single_request_runs() {
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_a_reused_slot_never_sees_the_request_before_it() {
-    for r in runs() {
+    for r in &runs().policies {
         let (a, b) = (&r.reuse[0], &r.reuse[2]);
         assert_eq!(
             a, b,
@@ -320,13 +435,28 @@ fn gpu_hybrid_a_reused_slot_never_sees_the_request_before_it() {
 
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
-fn gpu_hybrid_ptx_only_gives_the_bits_of_auto() {
-    for pair in runs().chunks(2) {
-        let [auto, ptx] = pair else {
-            panic!("runs come in pairs of policies")
-        };
-        assert_eq!(auto.forced, ptx.forced, "{} vs {}", auto.label, ptx.label);
-        assert_eq!(auto.alone, ptx.alone, "{} vs {}", auto.label, ptx.label);
+fn gpu_hybrid_ptx_only_graphs_off_and_cuda_ptx_give_the_bits_of_auto() {
+    for b in &runs().bits {
+        // Where ptx-only differs, which Triton module's PTX (its sm_80 code) moves the bits.
+        for (module, moved) in &b.triton_ptx_moves {
+            eprintln!(
+                "{}: {module} from its PTX {} the teacher-forced logits",
+                b.label,
+                if *moved { "moves" } else { "keeps" }
+            );
+        }
+        for (what, got) in &b.same_bits {
+            assert!(
+                got.0 == b.auto.0,
+                "{} [{what}]: teacher-forced logits differ from auto's with graphs",
+                b.label
+            );
+            assert!(
+                got.1 == b.auto.1,
+                "{} [{what}]: free-running tokens or logits differ from auto's with graphs",
+                b.label
+            );
+        }
     }
 }
 
@@ -354,7 +484,7 @@ fn gpu_hybrid_stops_with_the_plans_reason_on_cuda_12_images() {
 #[test]
 #[ignore = "needs a CUDA GPU and QWEN_HYBRID_GPU_FIXTURES: run with --include-ignored on the GPU machine"]
 fn gpu_hybrid_logits_are_finite() {
-    for r in runs() {
+    for r in &runs().policies {
         for g in r.forced.iter().chain(&r.alone) {
             assert!(
                 g.logits.iter().flatten().all(|v| v.is_finite()),

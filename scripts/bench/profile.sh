@@ -7,6 +7,7 @@
 #   bash scripts/bench/profile.sh [QWEN_DECODE] [OUT_DIR] [INPUT] [CONCURRENCY] [STEPS]
 #
 # Defaults: target/release/qwen-decode (or .gpu-bundle/qwen-decode), ./profile, 16, 1, 2.
+# MODEL (default qwen3-4b) picks the preset, e.g. MODEL=qwen3.6-35b-a3b; EXTRA adds bench flags.
 # ncu keeps the GPU at its own clocks and caches (--clock-control none --cache-control none, so a
 # kernel sees the L2 its predecessor left, as in a real step) and reads one metric per kernel
 # (gpu__time_duration.sum), one replay pass each.
@@ -19,13 +20,14 @@ out=${2:-profile}
 input=${3:-16}
 conc=${4:-1}
 steps=${5:-2}
+model=${MODEL:-qwen3-4b}
 [ -x "$bin" ] || { echo "profile.sh: no qwen-decode binary (build it or pass its path)" >&2; exit 2; }
 command -v ncu >/dev/null || { echo "profile.sh: ncu (Nsight Compute) is not on PATH" >&2; exit 2; }
 mkdir -p "$out"
 ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --log-file "$out/ncu.csv" \
-    "$bin" bench --model qwen3-4b --inputs "$input" --concurrency "$conc" --new-tokens "$steps" \
-    --warmup 4 --profile-window --primer 256 --kv-budget 4GiB --bandwidth-bytes 1GiB --out "$out" \
+    "$bin" bench --model "$model" --inputs "$input" --concurrency "$conc" --new-tokens "$steps" \
+    --warmup 4 --profile-window --primer 256 --kv-budget 4GiB --bandwidth-bytes 1GiB --out "$out" ${EXTRA:-} \
     >"$out/bench.log" 2>&1
 python3 - "$out/ncu.csv" "$steps" "$out" <<'PY'
 import csv, glob, json, sys, collections, statistics

@@ -129,6 +129,13 @@ impl ModuleSource {
         self
     }
 
+    /// The same module with its PTX images only: under any policy it loads as the PTX JIT, so one
+    /// module can take the fallback path while the others keep their SASS (which module's PTX
+    /// moves a result, or a step's time).
+    pub fn ptx_only(self) -> Self {
+        self.retain_images(|img| img.target.virtual_arch)
+    }
+
     /// Keep only the images `keep` accepts.
     pub fn retain_images(mut self, keep: impl FnMut(&ImageSource) -> bool) -> Self {
         self.images.retain(keep);

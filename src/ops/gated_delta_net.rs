@@ -1,5 +1,6 @@
-//! Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3.6-35B-A3B): decode steps and
-//! chunked prefill for a batch of sequences, on the Triton modules `gdn_conv1d`, `gdn_recurrent`,
+//! Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3.6-35B-A3B): token-by-token
+//! steps (decode, and prompts where chunking must not change the bits) and chunked prefill for a
+//! batch of sequences, on the Triton modules `gdn_conv1d`, `gdn_recurrent`,
 //! `gdn_prefill` and `gdn_gated_norm` (kernels/triton/gated_delta_net.py), with CPU references.
 //!
 //! What the kernels compute, per sequence and layer (after the in_proj_* GEMMs, before out_proj):
@@ -264,10 +265,17 @@ fn launch_conv(
     )
 }
 
-/// One decode step: every sequence has exactly one new token (`cu_seqlens = 0, 1, .., n_seqs`).
-/// Updates both states of each sequence's slot and writes the gated-normed output to `out`.
+/// The gated delta rule token by token for a batch of sequences of any lengths (one token each
+/// in a decode step, a prompt chunk's tokens in prefill): conv, the recurrent step of every token
+/// on its slot's state, the gated norm, written to `out`.
+///
+/// A token runs the same instructions whichever call it is in, and the state crosses calls as
+/// exact fp32, so a sequence's outputs and final states are the same bits however its tokens are
+/// split into calls: decode steps, prompt chunks of any size, or one call for the whole prompt.
+/// One program per (sequence, value head) walks the sequence's tokens in order; for long prompts
+/// [`gdn_prefill`]'s chunked form is faster, but its rounding depends on where the chunks fall.
 #[allow(clippy::too_many_arguments)]
-pub fn gdn_decode(
+pub fn gdn_recurrent(
     kernels: &LoadedKernels,
     shape: &GdnShape,
     layer: &GdnLayer<'_>,
@@ -277,17 +285,8 @@ pub fn gdn_decode(
     scratch: &mut GdnScratch,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
-    const OP: &str = "gdn_decode";
+    const OP: &str = "gdn_recurrent";
     check_common(OP, shape, layer, state, seqs, inputs, scratch, out)?;
-    if seqs.n_tokens != seqs.n_seqs {
-        return Err(shape_err(
-            OP,
-            format!(
-                "a decode step takes one token per sequence: {} tokens for {} sequences (use gdn_prefill)",
-                seqs.n_tokens, seqs.n_seqs
-            ),
-        ));
-    }
     let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
     expect_heads(&step, OP, shape)?;
     launch_conv(kernels, OP, shape, layer, state, seqs, inputs, scratch)?;
@@ -307,16 +306,47 @@ pub fn gdn_decode(
             TritonArg::F32(layer.dt_bias),
             TritonArg::Bf16(layer.norm_weight),
             TritonArg::F32Mut(state.recurrent),
+            TritonArg::I32(seqs.cu_seqlens),
             TritonArg::I32(seqs.slots),
+            TritonArg::I32(seqs.has_state),
             TritonArg::Bf16Mut(out),
             TritonArg::ScalarF32(layer.eps),
         ],
     )
 }
 
+/// One decode step: every sequence has exactly one new token (`cu_seqlens = 0, 1, .., n_seqs`).
+/// Updates both states of each sequence's slot and writes the gated-normed output to `out`;
+/// [`gdn_recurrent`] with that count checked.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_decode(
+    kernels: &LoadedKernels,
+    shape: &GdnShape,
+    layer: &GdnLayer<'_>,
+    state: &mut GdnState<'_>,
+    seqs: &GdnSequences<'_>,
+    inputs: &GdnInputs<'_>,
+    scratch: &mut GdnScratch,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), OpsError> {
+    const OP: &str = "gdn_decode";
+    if seqs.n_tokens != seqs.n_seqs {
+        return Err(shape_err(
+            OP,
+            format!(
+                "a decode step takes one token per sequence: {} tokens for {} sequences (use gdn_recurrent or gdn_prefill)",
+                seqs.n_tokens, seqs.n_seqs
+            ),
+        ));
+    }
+    gdn_recurrent(kernels, shape, layer, state, seqs, inputs, scratch, out)
+}
+
 /// Prefill (or a chunk of it) for a batch of sequences of any lengths: conv, the chunked delta
 /// rule carrying each slot's state, the gated norm. Calling it on a prompt in pieces, with
-/// `has_state = 1` after the first, gives the result of one call (up to fp32 rounding).
+/// `has_state = 1` after the first, gives the result of one call up to fp32 rounding: the chunks
+/// start at each call's first token, so where a prompt is cut moves the rounding (for the same
+/// bits whatever the cut, [`gdn_recurrent`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_prefill(
     kernels: &LoadedKernels,

@@ -11,9 +11,12 @@
 //! length. Replay and eager launch run the same kernels with the same shapes, so they give the
 //! same bits.
 
-use aot_kernels::device;
+use std::sync::Arc;
+
+use aot_kernels::device::{self, CudaGraph, CudaStream};
 use aot_kernels::ops::attention::{CLUSTER_SPLITS, MAX_SPLITS};
 use aot_kernels::ops::gemv::MAX_TOKENS;
+use aot_kernels::ops::OpsError;
 
 use super::{dev_err, ops_err, GpuRunner};
 use crate::runner::RunnerError;
@@ -30,6 +33,9 @@ pub enum GraphDecision {
     /// The first pass of a row count and kind runs eagerly; the graph is captured on the next one, so
     /// that one-off work (lazy module loading, attribute setting) stays out of the capture.
     Warmup,
+    /// The pass carries prompt rows (the hybrid family, whose prompt chunks share its passes):
+    /// its launches depend on every chunk's length and position, so it runs eagerly.
+    PromptRows,
 }
 
 /// The predicate: replay when graphs are on, the pass has 1..=8 rows, and this row count (with
@@ -44,6 +50,38 @@ pub fn graph_decision(enabled: bool, rows: usize, seen_before: bool) -> GraphDec
     } else {
         GraphDecision::Replay
     }
+}
+
+/// The hybrid family's predicate: a pass of decode rows only is [`graph_decision`]'s; a pass
+/// with prompt rows runs eagerly. The key is the row count alone: the decode attention of a
+/// captured pass has the full split depth ([`MAX_SPLITS`]), every other launch depends on the
+/// row count only, and the per-pass inputs (rows, sequences, state slots) sit in fixed buffers.
+pub fn hybrid_graph_decision(
+    enabled: bool,
+    decode: bool,
+    rows: usize,
+    seen_before: bool,
+) -> GraphDecision {
+    match graph_decision(enabled, rows, seen_before) {
+        GraphDecision::Replay | GraphDecision::Warmup if !decode => GraphDecision::PromptRows,
+        d => d,
+    }
+}
+
+/// Captures what `launch` queues on `stream` into a graph (the capture ends whether or not the
+/// launches succeeded); `what` names it in errors.
+pub(super) fn capture(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    launch: impl FnOnce() -> Result<(), OpsError>,
+) -> Result<CudaGraph, RunnerError> {
+    device::begin_capture(stream).map_err(dev_err("beginning graph capture"))?;
+    let launched = launch();
+    let graph = device::end_capture(stream);
+    launched.map_err(ops_err)?;
+    graph
+        .map_err(dev_err(what))?
+        .ok_or_else(|| RunnerError::Device(format!("{what}: the capture produced no graph")))
 }
 
 impl GpuRunner {
@@ -64,15 +102,9 @@ impl GpuRunner {
         match graph_decision(self.graphs_on, m, self.seen[m.min(MAX_TOKENS)][kind]) {
             GraphDecision::Replay => {
                 if !self.graphs.contains_key(&key) {
-                    device::begin_capture(&s).map_err(dev_err("beginning graph capture"))?;
-                    let launched = self.launch_forward(m, depth, pipelined, cluster);
-                    let graph = device::end_capture(&s);
-                    launched.map_err(ops_err)?;
-                    let graph = graph
-                        .map_err(dev_err("capturing the forward pass"))?
-                        .ok_or_else(|| {
-                            RunnerError::Device("graph capture produced no graph".into())
-                        })?;
+                    let graph = capture(&s, "capturing the forward pass", || {
+                        self.launch_forward(m, depth, pipelined, cluster)
+                    })?;
                     self.graphs.insert(key, graph);
                     self.stats.graph_captures += 1;
                 }
@@ -104,5 +136,31 @@ mod tests {
         assert_eq!(graph_decision(true, 4, false), GraphDecision::Warmup);
         assert_eq!(graph_decision(true, 1, true), GraphDecision::Replay);
         assert_eq!(graph_decision(true, 8, true), GraphDecision::Replay);
+    }
+
+    #[test]
+    fn hybrid_decisions() {
+        assert_eq!(
+            hybrid_graph_decision(true, true, 8, true),
+            GraphDecision::Replay
+        );
+        assert_eq!(
+            hybrid_graph_decision(true, true, 3, false),
+            GraphDecision::Warmup
+        );
+        for seen in [false, true] {
+            assert_eq!(
+                hybrid_graph_decision(true, false, 5, seen),
+                GraphDecision::PromptRows
+            );
+        }
+        assert_eq!(
+            hybrid_graph_decision(false, true, 1, true),
+            GraphDecision::Disabled
+        );
+        assert_eq!(
+            hybrid_graph_decision(true, true, 9, true),
+            GraphDecision::TooManyRows
+        );
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! A step's generated tokens run in decode passes of up to eight rows, one row per sequence; its
 //! prompt chunks are packed into prefill passes of up to [`HYBRID_PASS_ROWS`] rows, a chunk longer
-//! than that split across passes, with its recurrent state carried from piece to piece. Every
-//! pass runs eagerly (no CUDA graphs yet) and the host waits for each pass's sampled tokens;
-//! decode-ahead is off, because a dropped pass would have advanced recurrent state for good.
+//! than that split across passes, with its recurrent state carried from piece to piece. A decode
+//! pass replays a CUDA graph of its row count once that count has run eagerly
+//! ([`super::graphs::hybrid_graph_decision`]); a pass with prompt rows runs eagerly. The host waits
+//! for each pass's sampled tokens; decode-ahead is off, because a dropped pass would have advanced
+//! recurrent state for good.
 //!
 //! State rules: a sequence whose step starts at position 0 starts from zero state (the
 //! kernels ignore the slot's old content, `has_state = 0`), so a reused slot never sees the
@@ -17,10 +19,11 @@
 //! config has those shapes, and the runner refuses one that has not, naming the field. The
 //! Triton modules exist for CUDA 13 only: on a 12.x driver the runner stops with the plan's reason.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
-use aot_kernels::device::CudaSlice;
-use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::device::{CudaGraph, CudaSlice};
+use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource};
 use aot_kernels::ops::attention::{attn_scratch_needs, MAX_GROUP};
 use aot_kernels::ops::gated_delta_net::{GdnScratch, GdnShape};
 use aot_kernels::ops::gemv::MAX_TOKENS;
@@ -29,6 +32,7 @@ use aot_kernels::ops::moe::{MoeScratch, MoeShape};
 use aot_kernels::registry::ModuleKind;
 use half::bf16;
 
+use super::graphs::{hybrid_graph_decision, GraphDecision};
 use super::hybrid_weights::{self, partial_rope_table, HybridWeights};
 use super::{dev_err, inputs, GpuOptions, GpuStats, PassOutput, Row};
 use crate::memory;
@@ -140,6 +144,9 @@ pub(super) struct HybridBuffers {
     pub moe_in: CudaSlice<bf16>,
     pub moe_out: CudaSlice<bf16>,
     pub moe_scratch: MoeScratch,
+    /// A decode pass's count of distinct experts per layer, at fixed addresses (a graph writes
+    /// them); copied into the expert log after the pass.
+    pub moe_counts: CudaSlice<i32>,
     /// The sampling rows' final hidden states, their logits, the sampling inputs, the tokens.
     pub last: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
@@ -175,6 +182,11 @@ pub struct HybridGpuRunner {
     /// bytes per step, and how many were logged.
     pub(super) expert_log: CudaSlice<i32>,
     pub(super) expert_log_len: usize,
+    graphs_on: bool,
+    /// The layers of a decode pass, captured per row count.
+    graphs: HashMap<usize, CudaGraph>,
+    /// Decode row counts that have run eagerly once (graphs capture after that).
+    seen: [bool; MAX_TOKENS + 1],
 }
 
 /// MoE calls whose distinct experts a runner logs (then it stops logging).
@@ -198,7 +210,7 @@ impl HybridGpuRunner {
         };
         triton_fit(cfg).map_err(RunnerError::Device)?;
         let model = config.describe();
-        let kernels = load_kernels(options.policy, options.toolchain)?;
+        let kernels = load_kernels(options)?;
         let s = kernels.stream().clone();
         let w = hybrid_weights::upload(&kernels, cfg, weights, progress)?;
         let t = HYBRID_PASS_ROWS;
@@ -247,6 +259,7 @@ impl HybridGpuRunner {
             moe_in: bf(MOE_ROWS * h, "moe")?,
             moe_out: bf(MOE_ROWS * h, "moe")?,
             moe_scratch: MoeScratch::new(&s, &moe, MOE_ROWS).map_err(ops)?,
+            moe_counts: i32s(cfg.num_hidden_layers, "expert counts")?,
             last: bf(MAX_TOKENS * h, "sampling rows")?,
             logits: f32s(MAX_TOKENS * v, "logits")?,
             inputs: s
@@ -318,6 +331,9 @@ impl HybridGpuRunner {
             setup_s: started.elapsed().as_secs_f64(),
             expert_log: i32s(EXPERT_LOG, "expert log")?,
             expert_log_len: 0,
+            graphs_on: options.graphs,
+            graphs: HashMap::new(),
+            seen: [false; MAX_TOKENS + 1],
         })
     }
 
@@ -375,9 +391,10 @@ impl HybridGpuRunner {
         s.memcpy_htod(&has_state, &mut self.b.has_state)
             .map_err(&err)?;
         self.stats.passes += 1;
-        self.stats.eager_passes += 1;
-        self.launch_layers(seqs, n, decode)
-            .map_err(super::ops_err)?;
+        self.run_layers(seqs, n, decode)?;
+        if decode {
+            self.log_experts()?;
+        }
 
         // Sampling: the last row of every sequence that asks, eight at a time.
         let sampling: Vec<(usize, &PassSeq)> = seqs
@@ -419,21 +436,74 @@ impl HybridGpuRunner {
     }
 }
 
+impl HybridGpuRunner {
+    /// The layers of a pass over the inputs already in the pass buffers: a replay of the graph
+    /// of its row count (captured now if it has none), or launches
+    /// ([`hybrid_graph_decision`] says which).
+    fn run_layers(&mut self, seqs: &[PassSeq], n: usize, decode: bool) -> Result<(), RunnerError> {
+        let seen = self.seen[n.min(MAX_TOKENS)];
+        match hybrid_graph_decision(self.graphs_on, decode, n, seen) {
+            GraphDecision::Replay => {
+                if !self.graphs.contains_key(&n) {
+                    let s = self.kernels.stream().clone();
+                    let graph = super::graphs::capture(&s, "capturing the layers", || {
+                        self.launch_layers(seqs, n, decode)
+                    })?;
+                    self.graphs.insert(n, graph);
+                    self.stats.graph_captures += 1;
+                }
+                self.graphs[&n]
+                    .launch()
+                    .map_err(dev_err("replaying the layers"))?;
+                self.stats.graph_replays += 1;
+            }
+            _ => {
+                self.launch_layers(seqs, n, decode)
+                    .map_err(super::ops_err)?;
+                if decode {
+                    self.seen[n.min(MAX_TOKENS)] = true;
+                }
+                self.stats.eager_passes += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a decode pass's per-layer expert counts to the expert log (while it has room).
+    fn log_experts(&mut self) -> Result<(), RunnerError> {
+        let layers = self.cfg.num_hidden_layers;
+        let at = self.expert_log_len;
+        if at + layers > EXPERT_LOG {
+            return Ok(());
+        }
+        self.kernels
+            .stream()
+            .memcpy_dtod(
+                &self.b.moe_counts.slice(0..layers),
+                &mut self.expert_log.slice_mut(at..at + layers),
+            )
+            .map_err(dev_err("expert log"))?;
+        self.expert_log_len += layers;
+        Ok(())
+    }
+}
+
 /// Rows of one MoE call (the Triton modules' `MAX_TOKENS`; the launcher checks it).
 pub(super) const MOE_ROWS: usize = 16;
 
 /// Every CUDA module and the Triton modules the family needs; on a driver the Triton modules'
 /// toolchain does not serve, the plan's reason.
-fn load_kernels(
-    policy: Policy,
-    toolchain: dispatch::ToolchainChoice,
-) -> Result<LoadedKernels, RunnerError> {
+fn load_kernels(options: &GpuOptions) -> Result<LoadedKernels, RunnerError> {
+    let policy = options.policy;
+    let sources = super::with_ptx_modules(
+        [ModuleKind::Cuda, ModuleKind::Triton]
+            .into_iter()
+            .flat_map(ModuleSource::registry_of_kind)
+            .map(|m| m.with_toolchains(options.toolchain))
+            .collect(),
+        &options.ptx_modules,
+    )?;
     let device = dispatch::open_device(0).map_err(|e| RunnerError::Device(e.to_string()))?;
-    let sources: Vec<ModuleSource> = [ModuleKind::Cuda, ModuleKind::Triton]
-        .into_iter()
-        .flat_map(ModuleSource::registry_of_kind)
-        .map(|m| m.with_toolchains(toolchain))
-        .collect();
     let plan = dispatch::plan::plan(device.spec, policy, false, &sources);
     let needed: Vec<&str> = aot_kernels::ops::gated_delta_net::LAUNCHED
         .iter()
@@ -582,7 +652,7 @@ impl Runner for HybridGpuRunner {
             "kv_block_tokens": KV_BLOCK_TOKENS,
             "state_slots": self.slots,
             "weights_bytes": self.w.bytes,
-            "graphs": false,
+            "graphs": self.graphs_on,
             "stats": self.stats,
             "setup_s": self.setup_s,
         })

@@ -76,6 +76,38 @@ pub struct GpuOptions {
     /// other rows) drops it, a pass's work thrown away. `false`: every step waits for its own pass
     /// only.
     pub decode_ahead: bool,
+    /// Modules loaded from their PTX whatever `policy` says (`--ptx-modules`): one module's
+    /// fallback path beside the others' SASS, to find which module's PTX moves a result or a
+    /// step's time. Empty: `policy` alone decides.
+    pub ptx_modules: Vec<String>,
+}
+
+/// `sources` with the modules named in `ptx_modules` cut to their PTX images
+/// ([`ModuleSource::ptx_only`]); a name that is none of them is an error that lists them.
+pub(crate) fn with_ptx_modules(
+    sources: Vec<ModuleSource>,
+    ptx_modules: &[String],
+) -> Result<Vec<ModuleSource>, RunnerError> {
+    if let Some(unknown) = ptx_modules
+        .iter()
+        .find(|name| !sources.iter().any(|m| &m.name == *name))
+    {
+        let known: Vec<&str> = sources.iter().map(|m| m.name.as_str()).collect();
+        return Err(RunnerError::Plan(format!(
+            "--ptx-modules: `{unknown}` is not a module this runner loads; it loads {}",
+            known.join(", ")
+        )));
+    }
+    Ok(sources
+        .into_iter()
+        .map(|m| {
+            if ptx_modules.contains(&m.name) {
+                m.ptx_only()
+            } else {
+                m
+            }
+        })
+        .collect())
 }
 
 /// Counters for the report.
@@ -317,17 +349,15 @@ impl GpuRunner {
         // (CUDA 13 only) have no image on a 12.x driver, where the runner still runs. A fast path
         // unavailable here (the sm_90a GEMM off Hopper or under ptx-only) is left out; its
         // launcher then runs the portable kernel.
+        let sources = with_ptx_modules(
+            ModuleSource::registry_of_kind(ModuleKind::Cuda)
+                .into_iter()
+                .map(|m| m.with_toolchains(options.toolchain))
+                .collect(),
+            &options.ptx_modules,
+        )?;
         let kernels = dispatch::open_device(0)
-            .and_then(|d| {
-                dispatch::load_available(
-                    &d,
-                    options.policy,
-                    &ModuleSource::registry_of_kind(ModuleKind::Cuda)
-                        .into_iter()
-                        .map(|m| m.with_toolchains(options.toolchain))
-                        .collect::<Vec<_>>(),
-                )
-            })
+            .and_then(|d| dispatch::load_available(&d, options.policy, &sources))
             .map_err(|e| RunnerError::Device(e.to_string()))?;
         let s = kernels.stream().clone();
         let w = weights::upload(&kernels, cfg, weights, progress)?;
@@ -737,5 +767,27 @@ impl Runner for GpuRunner {
             "stats": self.stats,
             "setup_s": self.setup_s,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_modules_cut_the_named_modules_to_ptx_and_refuse_unknown_names() {
+        let sources = ModuleSource::registry_of_kind(ModuleKind::Cuda);
+        let name = sources[0].name.clone();
+        let cut = with_ptx_modules(sources.clone(), std::slice::from_ref(&name)).unwrap();
+        assert!(cut[0].images.iter().all(|i| i.target.virtual_arch));
+        assert!(!cut[0].images.is_empty());
+        assert_eq!(cut[1..].len(), sources[1..].len());
+        for (a, b) in cut[1..].iter().zip(&sources[1..]) {
+            assert_eq!(a.images.len(), b.images.len(), "{} untouched", a.name);
+        }
+        let err = with_ptx_modules(sources, &["gdn_nonesuch".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gdn_nonesuch") && err.contains(&name), "{err}");
     }
 }

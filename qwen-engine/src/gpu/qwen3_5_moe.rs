@@ -4,7 +4,7 @@
 //! ```text
 //! linear     gemv/gemm x4   in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
 //!            gdn            conv1d and state shift, the delta rule on the slot's state, gated norm
-//!                           (decode: the recurrent step; prefill: the chunked kernel)
+//!                           (token by token in decode and prefill passes alike)
 //!            gemv/gemm      out_proj
 //! attention  gemv/gemm      [queries | keys | values | gates]
 //!            decode:  attention (q/k norm (1 + w), RoPE, k and v into the cache, split-KV)
@@ -21,11 +21,11 @@
 
 use aot_kernels::device::CudaSlice;
 use aot_kernels::dispatch::LoadedKernels;
-use aot_kernels::ops::attention::{attention_decode, attn_splits, AttnDecode, AttnScratch};
+use aot_kernels::ops::attention::{attention_decode, AttnDecode, AttnScratch, MAX_SPLITS};
 use aot_kernels::ops::attention_prefill::{attention_prefill, AttentionPrefillParams};
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gated_delta_net::{
-    gdn_decode, gdn_prefill, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
+    gdn_recurrent, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
 };
 use aot_kernels::ops::gemm::{gemm_bf16, GemmShape};
 use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
@@ -38,9 +38,7 @@ use aot_kernels::ops::sampling::{sample_tokens, DeviceSamplingParams, LogitsShap
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 use half::bf16;
 
-use super::hybrid::{
-    HybridBuffers, HybridGpuRunner, PassSeq, EXPERT_LOG, HYBRID_PASS_ROWS, MOE_ROWS,
-};
+use super::hybrid::{HybridBuffers, HybridGpuRunner, PassSeq, HYBRID_PASS_ROWS, MOE_ROWS};
 use super::hybrid_weights::{AttentionWeights, LinearWeights, MixerWeights};
 use super::inputs;
 use crate::model::Qwen35MoeConfig;
@@ -133,8 +131,6 @@ impl HybridGpuRunner {
             b,
             block_table,
             ld_bt,
-            expert_log,
-            expert_log_len,
             ..
         } = self;
         let fixed = Fixed {
@@ -189,19 +185,17 @@ impl HybridGpuRunner {
                     &mut b.moe_scratch,
                     &mut b.x,
                 )?;
-                if decode && *expert_log_len < EXPERT_LOG {
-                    let at = *expert_log_len;
+                if decode {
                     kernels
                         .stream()
                         .memcpy_dtod(
                             &b.moe_scratch.n_experts.slice(0..1),
-                            &mut expert_log.slice_mut(at..at + 1),
+                            &mut b.moe_counts.slice_mut(l..l + 1),
                         )
                         .map_err(|e| OpsError::Driver {
-                            op: "expert log",
+                            op: "expert counts",
                             source: e,
                         })?;
-                    *expert_log_len += 1;
                 }
             } else {
                 let s = kernels.stream();
@@ -377,8 +371,9 @@ fn linear_mixer(
         b: &b.gdn_b,
         z: &b.gdn_z,
     };
-    let step = if decode { gdn_decode } else { gdn_prefill };
-    step(
+    // Token by token in prompts too: a prompt's bits then do not depend on how it was chunked
+    // (docs/engine.md, "The hybrid family on the GPU").
+    gdn_recurrent(
         kernels,
         g,
         &layer,
@@ -425,11 +420,9 @@ fn attention_mixer(
     let t = HYBRID_PASS_ROWS;
     project(decode, kernels, &m.qkvg, width, h, n, &b.x, &mut b.qkvg)?;
     if decode {
-        let grid_splits = seqs
-            .iter()
-            .map(|sq| attn_splits(sq.start_pos + 1).0)
-            .max()
-            .unwrap_or(1);
+        // The full split depth whatever the contexts (each sequence's split count comes from its
+        // own length in the kernel), so a captured pass serves every later step of its row count,
+        // and eager and replayed passes launch the same grid.
         attention_decode(
             kernels,
             AttnDecode {
@@ -452,7 +445,7 @@ fn attention_mixer(
                 q_heads: nh,
                 kv_heads: kv,
                 head_dim: d,
-                grid_splits,
+                grid_splits: MAX_SPLITS,
                 pipelined: false,
                 cluster: false,
                 overlap_previous: false,

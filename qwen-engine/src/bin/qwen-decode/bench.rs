@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// either way). `--profile-window` implies it.
     #[arg(long)]
     no_decode_ahead: bool,
+    /// Modules to load from their PTX whatever the policy (comma-separated): one module's
+    /// fallback path beside the others' SASS (which module's PTX moves the bits or the time).
+    #[arg(long, value_delimiter = ',')]
+    ptx_modules: Vec<String>,
     /// Merge decode attention's splits through the workspace everywhere, never inside
     /// thread-block clusters (to measure what the clusters give; the same tokens either way).
     #[arg(long)]
@@ -421,6 +425,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             // A profiled window waits for each pass: a pass queued ahead of the window would
             // run partly before cuProfilerStart, and the capture's kernel count would vary.
             decode_ahead: !args.no_decode_ahead && !args.profile_window,
+            ptx_modules: args.ptx_modules.clone(),
         };
         let setup = Instant::now();
         let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |_| {})

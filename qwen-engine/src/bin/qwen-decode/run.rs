@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// either way).
     #[arg(long)]
     no_decode_ahead: bool,
+    /// Modules to load from their PTX whatever the policy (comma-separated): one module's
+    /// fallback path beside the others' SASS (which module's PTX moves the bits or the time).
+    #[arg(long, value_delimiter = ',')]
+    ptx_modules: Vec<String>,
     /// KV cache size, e.g. 4GiB or 512MiB (default: most of the free GPU memory; 256MiB on CPU).
     #[arg(long)]
     kv_budget: Option<String>,
@@ -197,6 +201,7 @@ fn build_runner(
                 attention_pipelined: None,
                 attention_cluster: true,
                 decode_ahead: !args.no_decode_ahead,
+                ptx_modules: args.ptx_modules.clone(),
             };
             let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
