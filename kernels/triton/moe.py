@@ -10,10 +10,11 @@ weight is rounded to bf16 and added to the token's sum in bf16, in ascending exp
 transformers' index_add_ loop does); the shared expert's output times bf16(sigmoid(bf16(x w_g)))
 is added last.
 
-Four launches: router logits (all experts and the shared gate, all tokens) -> routing (top 8,
+Five launches: router logits (all experts and the shared gate, all tokens) -> routing (top 8,
 weights, and the sorted list of distinct experts the batch chose) -> gate/up of the chosen experts
-and the shared expert -> down projections and the combination. Each chosen expert's weights are
-read once per launch, whichever tokens chose it; unchosen experts' weights are never read.
+and the shared expert -> their down projections, weighted -> the combination in expert order.
+Each chosen expert's weights are read once per launch, whichever tokens chose it; unchosen
+experts' weights are never read.
 
 Layouts:
   x            [tokens, H] bf16
@@ -28,6 +29,7 @@ Layouts:
                row tokens * TOPK + t for its shared expert
   w2           [E, H, I] bf16         experts.down_proj
   shared_w2    [H, I] bf16            shared_expert.down_proj
+  y            [tokens * TOPK + tokens, H] bf16: the weighted down outputs, rows as in h
   out          [tokens, H] bf16
 """
 
@@ -62,37 +64,34 @@ def moe_route(
 ):
     """Top TOPK of softmax(logits) per token, renormalised; and the distinct experts, sorted.
 
-    One program for the whole batch. Ties between equal logits go to the lower expert index.
-    The softmax denominator cancels in the renormalisation, so weights are exp(l - max) over
-    the sum of the chosen ones.
+    One program of one warp walks the tokens, so every reduction stays within the warp (no
+    barrier). Each pick is one max over keys that pack the probability's bits (non-negative
+    floats order as their bits) above `E - 1 - expert`, so ties between equal probabilities go
+    to the lower expert index. The softmax denominator cancels in the renormalisation, so
+    weights are exp(l - max) over the sum of the chosen ones (summed in pick order).
     """
-    t = tl.arange(0, MAX_TOKENS)
     col = tl.arange(0, E)
-    live = t < n_tokens
-    logits = tl.load(logits_ptr + t[:, None] * (E + 1) + col[None, :], mask=live[:, None],
-                     other=0.0).to(tl.float32)
-    top = tl.max(logits, axis=1)
-    p = tl.exp(logits - top[:, None])
-    remaining = p
-    chosen = tl.zeros([MAX_TOKENS, E], dtype=tl.int32)
-    total = tl.zeros([MAX_TOKENS], dtype=tl.float32)
-    for k in tl.static_range(TOPK):
-        best = tl.max(remaining, axis=1)
-        idx = tl.min(tl.where(remaining == best[:, None], col[None, :], E), axis=1)
-        hit = col[None, :] == idx[:, None]
-        chosen = tl.where(hit, 1, chosen)
-        remaining = tl.where(hit, -1.0, remaining)
-        total += best
-        tl.store(topk_ids_ptr + t * TOPK + k, idx, mask=live)
-    # Second pass for the weights, now that the sum of the chosen is known.
-    remaining = p
-    for k in tl.static_range(TOPK):
-        best = tl.max(remaining, axis=1)
-        idx = tl.min(tl.where(remaining == best[:, None], col[None, :], E), axis=1)
-        remaining = tl.where(col[None, :] == idx[:, None], -1.0, remaining)
-        tl.store(topk_w_ptr + t * TOPK + k, (best / total).to(tl.bfloat16), mask=live)
+    kc = tl.arange(0, TOPK)
+    present = tl.zeros([E], dtype=tl.int32)
+    for t in range(0, n_tokens):
+        logits = tl.load(logits_ptr + t * (E + 1) + col).to(tl.float32)
+        p = tl.exp(logits - tl.max(logits, axis=0))
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E - 1 - col).to(tl.int64)
+        ids = tl.zeros([TOPK], dtype=tl.int32)
+        best = tl.zeros([TOPK], dtype=tl.float32)
+        total = 0.0
+        for k in tl.static_range(TOPK):
+            top = tl.max(key, axis=0)
+            idx = (E - 1) - top.to(tl.int32)
+            prob = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            key = tl.where(col == idx, -1, key)
+            present = tl.where(col == idx, 1, present)
+            total += prob
+            ids = tl.where(kc == k, idx, ids)
+            best = tl.where(kc == k, prob, best)
+        tl.store(topk_ids_ptr + t * TOPK + kc, ids)
+        tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
 
-    present = tl.max(tl.where(live[:, None], chosen, 0), axis=0)
     position = tl.cumsum(present, axis=0) - 1
     tl.store(experts_ptr + position, col, mask=present != 0)
     tl.store(n_experts_ptr, tl.sum(present, axis=0))
@@ -157,49 +156,74 @@ def moe_gate_up(
 
 
 @triton.jit
-def moe_down_combine(
+def moe_down(
     h_ptr, w2_ptr, shared_w2_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, logits_ptr,
-    out_ptr, n_tokens,
+    y_ptr, n_tokens,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out = sum over chosen experts, ascending, in bf16 of bf16(bf16(down h) * w), plus the gated
-    shared expert. One program per BLOCK_N output features walks the distinct experts in order,
-    so each expert's down weights are read once and the sum is deterministic."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """y[row] = bf16(bf16(down h[row]) * w) for every chosen (token, expert) pair (row
+    t * TOPK + k, w its routing weight), and bf16(bf16(shared_down h) * bf16(sigmoid(gate logit)))
+    for the shared expert (row tokens * TOPK + t).
+
+    Work items are (expert slot, BLOCK_N outputs), the shared expert's slot last; the programs
+    (a few per SM, however many experts were chosen) take them grid-stride, so the experts' down
+    weights stream in parallel, each read once. moe_combine then adds the rows in order.
+    """
+    NB: tl.constexpr = H // BLOCK_N
     t = tl.arange(0, MAX_TOKENS)
     kk = tl.arange(0, BLOCK_K)
-    kc = tl.arange(0, TOPK)
     live = t < n_tokens
     count = tl.load(n_experts_ptr)
-    out = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
-    for s in range(0, count):
-        expert = tl.load(experts_ptr + s)
+    for item in range(tl.program_id(0), (count + 1) * NB, tl.num_programs(0)):
+        slot = item // NB
+        n = (item % NB) * BLOCK_N + tl.arange(0, BLOCK_N)
+        is_shared = slot == count
+        expert = tl.load(experts_ptr + slot, mask=slot < count, other=0)
         chose, kpos = _tokens_choosing(topk_ids_ptr, expert, n_tokens, TOPK, MAX_TOKENS)
-        chose = chose & live
-        weight = tl.load(topk_w_ptr + t * TOPK + kpos, mask=chose, other=0.0).to(tl.float32)
-        w_base = w2_ptr + expert.to(tl.int64) * (H * I)
+        chose = tl.where(is_shared, live, chose & live)
+        row = tl.where(is_shared, n_tokens * TOPK + t, t * TOPK + kpos)
+        if is_shared:
+            w_base = shared_w2_ptr
+        else:
+            w_base = w2_ptr + expert.to(tl.int64) * (H * I)
         acc = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             k = k0 + kk
-            h = tl.load(h_ptr + (t * TOPK + kpos)[:, None] * I + k[None, :], mask=chose[:, None], other=0.0)
+            h = tl.load(h_ptr + row[:, None] * I + k[None, :], mask=chose[:, None], other=0.0)
             w = tl.load(w_base + n[:, None] * I + k[None, :])
             acc += tl.dot(w, tl.trans(h))
         down = acc.to(tl.bfloat16).to(tl.float32)
-        contrib = (down * weight[None, :]).to(tl.bfloat16).to(tl.float32)
-        out = tl.where(chose[None, :], (out + contrib).to(tl.bfloat16).to(tl.float32), out)
+        weight = tl.load(topk_w_ptr + t * TOPK + kpos, mask=chose & (slot < count), other=0.0).to(tl.float32)
+        logit = tl.load(logits_ptr + t * (E + 1) + E, mask=live & is_shared, other=0.0).to(tl.float32)
+        gate = (1.0 / (1.0 + tl.exp(-logit))).to(tl.bfloat16).to(tl.float32)
+        scale = tl.where(is_shared, gate, weight)
+        tl.store(y_ptr + row[None, :] * H + n[:, None], (down * scale[None, :]).to(tl.bfloat16),
+                 mask=chose[None, :])
 
-    acc = tl.zeros([BLOCK_N, MAX_TOKENS], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        k = k0 + kk
-        h = tl.load(h_ptr + (n_tokens * TOPK + t)[:, None] * I + k[None, :], mask=live[:, None], other=0.0)
-        w = tl.load(shared_w2_ptr + n[:, None] * I + k[None, :])
-        acc += tl.dot(w, tl.trans(h))
-    shared = acc.to(tl.bfloat16).to(tl.float32)
-    logit = tl.load(logits_ptr + t * (E + 1) + E, mask=live, other=0.0).to(tl.float32)
-    gate = (1.0 / (1.0 + tl.exp(-logit))).to(tl.bfloat16).to(tl.float32)
-    shared = (shared * gate[None, :]).to(tl.bfloat16).to(tl.float32)
-    tl.store(out_ptr + t[None, :] * H + n[:, None], (out + shared).to(tl.bfloat16), mask=live[None, :])
+
+@triton.jit
+def moe_combine(
+    y_ptr, topk_ids_ptr, out_ptr, n_tokens,
+    H: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """out[t] = the token's expert rows of y summed in bf16 in ascending expert order (as
+    transformers' index_add_ loop adds them), then its shared expert's row."""
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t = tl.arange(0, MAX_TOKENS)
+    kc = tl.arange(0, TOPK)
+    live = t < n_tokens
+    ids = tl.load(topk_ids_ptr + t[:, None] * TOPK + kc[None, :], mask=live[:, None], other=0)
+    out = tl.zeros([MAX_TOKENS, BLOCK_C], dtype=tl.float32)
+    for _ in tl.static_range(TOPK):
+        lowest = tl.min(ids, axis=1)
+        k = tl.min(tl.where(ids == lowest[:, None], kc[None, :], TOPK), axis=1)
+        ids = tl.where(kc[None, :] == k[:, None], 2147483647, ids)
+        y = tl.load(y_ptr + (t * TOPK + k)[:, None] * H + c[None, :], mask=live[:, None], other=0.0)
+        out = (out + y.to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    shared = tl.load(y_ptr + (n_tokens * TOPK + t)[:, None] * H + c[None, :], mask=live[:, None], other=0.0)
+    tl.store(out_ptr + t[:, None] * H + c[None, :], (out + shared.to(tl.float32)).to(tl.bfloat16),
+             mask=live[:, None])
 
 
 # Qwen3.5 / Qwen3.6-35B-A3B MoE shapes; up to 16 tokens (the smallest tl.dot width).
@@ -222,7 +246,7 @@ SPECS = [
         signature={"logits_ptr": _ptr, "topk_ids_ptr": "*i32", "topk_w_ptr": _ptr, "experts_ptr": "*i32",
                    "n_experts_ptr": "*i32", "n_tokens": "i32"},
         constexprs=dict(E=256, TOPK=8, MAX_TOKENS=16),
-        num_warps=4,
+        num_warps=1,
         num_stages=1,
     ),
     dict(
@@ -236,12 +260,20 @@ SPECS = [
     ),
     dict(
         module="moe_down",
-        kernel=moe_down_combine,
+        kernel=moe_down,
         signature={"h_ptr": _ptr, "w2_ptr": _ptr, "shared_w2_ptr": _ptr, "topk_ids_ptr": "*i32",
                    "topk_w_ptr": _ptr, "experts_ptr": "*i32", "n_experts_ptr": "*i32", "logits_ptr": _ptr,
-                   "out_ptr": _ptr, "n_tokens": "i32"},
+                   "y_ptr": _ptr, "n_tokens": "i32"},
         constexprs=dict(H=2048, I=512, E=256, TOPK=8, MAX_TOKENS=16, BLOCK_N=16, BLOCK_K=128),
         num_warps=4,
         num_stages=3,
+    ),
+    dict(
+        module="moe_combine",
+        kernel=moe_combine,
+        signature={"y_ptr": _ptr, "topk_ids_ptr": "*i32", "out_ptr": _ptr, "n_tokens": "i32"},
+        constexprs=dict(H=2048, TOPK=8, MAX_TOKENS=16, BLOCK_C=64),
+        num_warps=4,
+        num_stages=1,
     ),
 ]

@@ -1,5 +1,5 @@
 //! The MoE block of Qwen3.5 / Qwen3.6-35B-A3B for decode batches of 1..`max_tokens` tokens, on
-//! the Triton modules `moe_router`, `moe_route`, `moe_gate_up` and `moe_down`
+//! the Triton modules `moe_router`, `moe_route`, `moe_gate_up`, `moe_down` and `moe_combine`
 //! (kernels/triton/moe.py), with a CPU reference.
 //!
 //! `p = softmax(x W_r^T)`, the top `top_k` divided by their sum; each chosen expert computes
@@ -29,16 +29,19 @@ pub const MODULE_ROUTER: &str = "moe_router";
 pub const MODULE_ROUTE: &str = "moe_route";
 pub const MODULE_GATE_UP: &str = "moe_gate_up";
 pub const MODULE_DOWN: &str = "moe_down";
+pub const MODULE_COMBINE: &str = "moe_combine";
 pub const ENTRY_ROUTER: &str = "moe_router_logits";
 pub const ENTRY_ROUTE: &str = "moe_route";
 pub const ENTRY_GATE_UP: &str = "moe_gate_up";
-pub const ENTRY_DOWN: &str = "moe_down_combine";
+pub const ENTRY_DOWN: &str = "moe_down";
+pub const ENTRY_COMBINE: &str = "moe_combine";
 /// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
 pub const LAUNCHED: &[(&str, &str)] = &[
     (MODULE_ROUTER, ENTRY_ROUTER),
     (MODULE_ROUTE, ENTRY_ROUTE),
     (MODULE_GATE_UP, ENTRY_GATE_UP),
     (MODULE_DOWN, ENTRY_DOWN),
+    (MODULE_COMBINE, ENTRY_COMBINE),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +86,9 @@ pub struct MoeScratch {
     pub n_experts: CudaSlice<i32>,
     /// `[tokens * top_k + tokens, inter]`: each (token, expert) pair's `silu(gate) * up`, then the shared expert's.
     pub h: CudaSlice<bf16>,
+    /// `[tokens * top_k + tokens, hidden]`: each pair's down output times its routing weight, then
+    /// the shared expert's times its gate (rows as in `h`), summed in expert order into the output.
+    pub y: CudaSlice<bf16>,
 }
 
 impl MoeScratch {
@@ -107,6 +113,9 @@ impl MoeScratch {
             n_experts: stream.alloc_zeros(1).map_err(driver)?,
             h: stream
                 .alloc_zeros((pairs + max_tokens) * shape.inter)
+                .map_err(driver)?,
+            y: stream
+                .alloc_zeros((pairs + max_tokens) * shape.hidden)
                 .map_err(driver)?,
         })
     }
@@ -141,7 +150,8 @@ pub fn moe_forward(
     let route = TritonKernel::load(kernels, OP, MODULE_ROUTE)?;
     let gate_up = TritonKernel::load(kernels, OP, MODULE_GATE_UP)?;
     let down = TritonKernel::load(kernels, OP, MODULE_DOWN)?;
-    for kernel in [&router, &route, &gate_up, &down] {
+    let combine = TritonKernel::load(kernels, OP, MODULE_COMBINE)?;
+    for kernel in [&router, &route, &gate_up, &down, &combine] {
         for (name, value) in [
             ("H", shape.hidden),
             ("E", shape.experts),
@@ -154,7 +164,7 @@ pub fn moe_forward(
         }
     }
     let max_tokens = route.constexpr(OP, "MAX_TOKENS")?;
-    for kernel in [&router, &gate_up, &down] {
+    for kernel in [&router, &gate_up, &down, &combine] {
         kernel.expect(OP, "MAX_TOKENS", max_tokens)?;
     }
     if n_tokens == 0 || n_tokens > max_tokens {
@@ -188,6 +198,7 @@ pub fn moe_forward(
     check_len(OP, "scratch.experts", &scratch.experts, &[n_tokens, kk])?;
     check_len(OP, "scratch.n_experts", &scratch.n_experts, &[1])?;
     check_len(OP, "scratch.h", &scratch.h, &[n_tokens * (kk + 1), i])?;
+    check_len(OP, "scratch.y", &scratch.y, &[n_tokens * (kk + 1), h])?;
     let tokens = n_tokens as i32;
 
     router.launch(
@@ -243,10 +254,13 @@ pub fn moe_forward(
             TritonArg::ScalarI32(tokens),
         ],
     )?;
+    // Work items are (expert slot, output block): at most every slot's, a few programs per SM
+    // take them grid-stride (the kernel reads how many experts were chosen).
+    let items = slots * h.div_ceil(down.constexpr(OP, "BLOCK_N")?);
     down.launch(
         OP,
         (
-            grid("down blocks", h.div_ceil(down.constexpr(OP, "BLOCK_N")?))?,
+            grid("down programs", items.min(4 * kernels.sm_count()))?,
             1,
             1,
         ),
@@ -259,6 +273,23 @@ pub fn moe_forward(
             TritonArg::I32(&scratch.experts),
             TritonArg::I32(&scratch.n_experts),
             TritonArg::Bf16(&scratch.logits),
+            TritonArg::Bf16Mut(&mut scratch.y),
+            TritonArg::ScalarI32(tokens),
+        ],
+    )?;
+    combine.launch(
+        OP,
+        (
+            grid(
+                "combine blocks",
+                h.div_ceil(combine.constexpr(OP, "BLOCK_C")?),
+            )?,
+            1,
+            1,
+        ),
+        &mut [
+            TritonArg::Bf16(&scratch.y),
+            TritonArg::I32(&scratch.topk_ids),
             TritonArg::Bf16Mut(out),
             TritonArg::ScalarI32(tokens),
         ],
