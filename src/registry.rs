@@ -1,9 +1,10 @@
 //! The kernel images embedded in this crate, as `build.rs` made and checked them.
 //!
 //! One fatbin file per module (a container per toolchain, back to back) is embedded once; every
-//! [`ImageRecord`] is a slice of it (the fatbins are stored uncompressed for that). The table is
-//! generated from `aot-manifest.toml`: no module, entry, toolchain or target name is written by
-//! hand in Rust.
+//! [`ImageRecord`] is a slice of it (the fatbins are stored uncompressed for that). On Linux the
+//! files live in the ELF section `.nv_fatbin`, where nvcc puts its own, so NVIDIA's `cuobjdump`
+//! lists the images of any binary that links this crate. The table is generated from
+//! `aot-manifest.toml`: no module, entry, toolchain or target name is written by hand in Rust.
 
 pub use fatbin_verify::manifest::ModuleKind;
 use fatbin_verify::{CudaRelease, Target, Variant};
@@ -95,6 +96,11 @@ pub struct BuildInfo {
     #[serde(skip)]
     pub lock_toml: &'static str,
 }
+
+/// A module's fatbin file as embedded: 8-byte aligned like nvcc's own fatbin data, because
+/// NVIDIA's tools read `.nv_fatbin` as containers on an 8-byte grid.
+#[repr(C, align(8))]
+struct EmbeddedFatbin<const N: usize>([u8; N]);
 
 include!(env!("AOT_REGISTRY_RS"));
 

@@ -518,20 +518,31 @@ pub fn parse_fatbin(buf: &[u8]) -> Result<Vec<(Container, Vec<Entry<'_>>)>, Erro
         let (container, entries) = parse_container(buf, cursor)?;
         // Round the end up to 8; `end <= buf.len()` so this cannot overflow past usize.
         cursor = container.end.saturating_add(7) & !7;
-        let gap = buf
-            .get(container.end..cursor.min(buf.len()))
-            .unwrap_or_default();
-        if let Some((bad, byte)) = gap.iter().enumerate().find(|&(_, &b)| b != 0) {
-            return Err(Error::malformed(
-                "fatbin container",
-                container.end + bad,
-                format!(
-                    "byte {byte:#04x} in the alignment gap after the container at {:#x} (which ends at {:#x}); expected zero up to the next 8-byte boundary {cursor:#x}",
-                    container.offset, container.end
-                ),
-            ));
-        }
+        check_alignment_gap(buf, &container, cursor)?;
         containers.push((container, entries));
     }
     Ok(containers)
+}
+
+/// The bytes from a container's end up to `boundary`, the 8-byte boundary where the next one may
+/// start, must be zero.
+pub(crate) fn check_alignment_gap(
+    buf: &[u8],
+    container: &Container,
+    boundary: usize,
+) -> Result<(), Error> {
+    let gap = buf
+        .get(container.end..boundary.min(buf.len()))
+        .unwrap_or_default();
+    match gap.iter().enumerate().find(|&(_, &b)| b != 0) {
+        None => Ok(()),
+        Some((bad, byte)) => Err(Error::malformed(
+            "fatbin container",
+            container.end + bad,
+            format!(
+                "byte {byte:#04x} in the alignment gap after the container at {:#x} (which ends at {:#x}); expected zero up to the next 8-byte boundary {boundary:#x}",
+                container.offset, container.end
+            ),
+        )),
+    }
 }

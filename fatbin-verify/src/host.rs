@@ -1,8 +1,9 @@
 //! Finding fatbin containers in whatever file holds them (docs/fatbin-format.md section 4): ELF
 //! executables, shared libraries and objects, `ar` archives (Rust rlibs included), and any
-//! binary that carries a fatbin as plain data. Sections are scanned for the container
-//! signature instead of following `.nvFatBinSegment` pointers, which are relocations in `.o`
-//! files and absent when a fatbin is embedded with `include_bytes!`.
+//! binary that carries a fatbin as plain data. Fatbin sections (`.nv_fatbin`, `__nv_relfatbin`)
+//! are read whole, container after container, as NVIDIA's tools read them; every other section
+//! is scanned for the container signature. Neither follows `.nvFatBinSegment` pointers, which
+//! are relocations in `.o` files and absent when a fatbin is embedded as plain data.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -12,7 +13,11 @@ use memchr::memmem;
 
 use crate::elf::Elf;
 use crate::error::Error;
-use crate::fatbin::{is_container_at, CONTAINER_SIGNATURE};
+use crate::fatbin::{
+    check_alignment_gap, is_container_at, parse_container, Container, Entry, CONTAINER_MAGIC,
+    CONTAINER_SIGNATURE,
+};
+use crate::read::u32_at;
 
 /// What kind of file a buffer holds, judged by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +62,8 @@ pub(crate) struct Place {
     pub section: Option<String>,
 }
 
-/// Sections that hold nothing but containers: a signature there is a container, and one that
-/// does not parse is an error rather than a chance match.
+/// Sections that hold nothing but containers and zero padding: read whole by
+/// [`fatbin_section_containers`], never scanned for chance matches.
 const FATBIN_SECTIONS: [&str; 2] = [".nv_fatbin", "__nv_relfatbin"];
 
 /// A byte range of the input and what it is.
@@ -77,8 +82,11 @@ pub(crate) struct Hit<'r> {
     /// The smallest section or member holding it (ties: the one starting first, then the one
     /// listed first); the default place when it lies outside all of them.
     pub place: &'r Place,
-    /// In a fatbin section, or at the start of a raw-fatbin archive member: it must parse.
-    /// Elsewhere it may be a chance match and is a container only if it looks like one.
+    /// In a fatbin section, which [`fatbin_section_containers`] reads whole: the hit starts one
+    /// of the containers found there or lies inside one.
+    pub in_fatbin_section: bool,
+    /// At the start of a raw-fatbin archive member: it must parse. Elsewhere it may be a chance
+    /// match and is a container only if it looks like one.
     pub strict: bool,
 }
 
@@ -103,6 +111,14 @@ impl Layout {
             regions,
             outside: Place::default(),
         })
+    }
+
+    /// The fatbin sections' byte ranges and places, in file order.
+    pub(crate) fn fatbin_sections(&self) -> impl Iterator<Item = (Range<usize>, &Place)> {
+        self.regions
+            .iter()
+            .filter(|r| is_fatbin_section(&r.place))
+            .map(|r| (r.range.clone(), &r.place))
     }
 
     /// Every signature hit in file order. The file is scanned once, whatever the number of
@@ -134,20 +150,87 @@ impl Layout {
                 Some(region) => Hit {
                     offset,
                     place: &region.place,
-                    strict: region
-                        .place
-                        .section
-                        .as_deref()
-                        .is_some_and(|name| FATBIN_SECTIONS.contains(&name))
-                        || (region.raw_member && offset == region.range.start),
+                    in_fatbin_section: is_fatbin_section(&region.place),
+                    strict: region.raw_member && offset == region.range.start,
                 },
                 None => Hit {
                     offset,
                     place: &self.outside,
+                    in_fatbin_section: false,
                     strict: false,
                 },
             }
         })
+    }
+}
+
+fn is_fatbin_section(place: &Place) -> bool {
+    place
+        .section
+        .as_deref()
+        .is_some_and(|name| FATBIN_SECTIONS.contains(&name))
+}
+
+/// The containers of the fatbin section at `range`, read as NVIDIA's tools read it: from the
+/// section's start in 8-byte steps, a word of zeros is padding and any other word must start a
+/// container that ends within the section. `cuobjdump` 13.2 stops with "Invalid fatbin header"
+/// at the first word that is neither (non-zero bytes between containers, a container off the
+/// 8-byte grid); this stops there with an error naming the section and the bytes.
+pub(crate) fn fatbin_section_containers<'a>(
+    bytes: &'a [u8],
+    range: Range<usize>,
+    place: &Place,
+) -> Result<Vec<(Container, Vec<Entry<'a>>)>, Error> {
+    const WHAT: &str = "fatbin section";
+    let (start, end) = (range.start, range.end);
+    let name = describe_place(place);
+    // Containers must end within the section: parse them in a buffer that ends where it does.
+    let scope = bytes.get(..end).ok_or_else(|| {
+        Error::malformed(
+            WHAT,
+            start,
+            format!(
+                "{name} ends at {end:#x}, past the end of the {:#x}-byte input",
+                bytes.len()
+            ),
+        )
+    })?;
+    let mut containers = Vec::new();
+    let mut cursor = start;
+    while cursor < end {
+        let word = scope.get(cursor..end.min(cursor + 8)).unwrap_or_default();
+        if word.iter().all(|&b| b == 0) {
+            cursor += word.len().max(1);
+            continue;
+        }
+        if u32_at(scope, cursor, WHAT).ok() != Some(CONTAINER_MAGIC) {
+            let hex: Vec<String> = word.iter().map(|b| format!("{b:02x}")).collect();
+            return Err(Error::malformed(
+                WHAT,
+                cursor,
+                format!(
+                    "{name} ({start:#x}..{end:#x}) holds `{}` at +{:#x}, expected a fatbin container (`50 ed 55 ba`) or 8 zero bytes of padding: NVIDIA's tools read this section as containers one after another on an 8-byte grid",
+                    hex.join(" "),
+                    cursor - start
+                ),
+            ));
+        }
+        let (container, entries) = parse_container(scope, cursor)?;
+        // `container.end <= end`, so the next grid point cannot overflow.
+        let next = start + (container.end - start).div_ceil(8) * 8;
+        check_alignment_gap(scope, &container, next)?;
+        containers.push((container, entries));
+        cursor = next;
+    }
+    Ok(containers)
+}
+
+/// `section .nv_fatbin of member foo.o`, for messages.
+fn describe_place(place: &Place) -> String {
+    let section = place.section.as_deref().unwrap_or("(no section)");
+    match &place.member {
+        Some(member) => format!("section `{section}` of member `{member}`"),
+        None => format!("section `{section}`"),
     }
 }
 

@@ -114,31 +114,55 @@ pub fn list_images_with_limits(bytes: &[u8], limits: &Limits) -> Result<Vec<Imag
     }
     let layout = host::Layout::new(bytes, format)?;
     // First every container, so one that runs over the next is reported as such before any
-    // of its entries is read.
-    let mut containers: Vec<(Container, Vec<Entry<'_>>, &Place)> = Vec::new();
+    // of its entries is read. Fatbin sections are read whole (as NVIDIA's tools read them);
+    // elsewhere a container is found by its signature.
+    let mut walked: Vec<(Container, Vec<Entry<'_>>, &Place)> = Vec::new();
+    for (range, place) in layout.fatbin_sections() {
+        for (container, entries) in host::fatbin_section_containers(bytes, range, place)? {
+            walked.push((container, entries, place));
+        }
+    }
+    walked.sort_by_key(|(container, ..)| container.offset);
+    // Two section headers naming the same bytes give the same containers twice.
+    walked.dedup_by_key(|(container, ..)| container.offset);
+    let mut scanned: Vec<(Container, Vec<Entry<'_>>, &Place)> = Vec::new();
     for hit in layout.hits(bytes) {
-        if let Some((outer, ..)) = containers.last() {
-            if hit.offset < outer.end {
-                // A chance match inside a container's payload is its data; a real container
-                // there means the outer one's sizes swallow it, hiding its images.
-                if fatbin::is_plausible_container(bytes, hit.offset) {
-                    return Err(Error::malformed(
-                        "fatbin container",
-                        hit.offset,
-                        format!(
-                            "container at {:#x} lies inside the container at {:#x} (which declares {:#x} bytes of entries, ending at {:#x}); expected containers one after another",
-                            hit.offset, outer.offset, outer.body_size, outer.end
-                        ),
-                    ));
-                }
-                continue;
+        let before = walked.partition_point(|(c, ..)| c.offset <= hit.offset);
+        let walked_outer = before.checked_sub(1).and_then(|i| walked.get(i));
+        if walked_outer.is_some_and(|(c, ..)| c.offset == hit.offset) {
+            continue; // a container the section walk found
+        }
+        let outer = walked_outer
+            .into_iter()
+            .chain(scanned.last())
+            .map(|(c, ..)| c)
+            .find(|c| hit.offset < c.end);
+        if let Some(outer) = outer {
+            // A chance match inside a container's payload is its data; a real container
+            // there means the outer one's sizes swallow it, hiding its images.
+            if fatbin::is_plausible_container(bytes, hit.offset) {
+                return Err(lies_inside(hit.offset, outer));
             }
+            continue;
+        }
+        if hit.in_fatbin_section {
+            continue; // the section walk found every container there
         }
         if !hit.strict && !fatbin::is_plausible_container(bytes, hit.offset) {
             continue;
         }
         let (container, entries) = fatbin::parse_container(bytes, hit.offset)?;
-        containers.push((container, entries, hit.place));
+        scanned.push((container, entries, hit.place));
+    }
+    let mut containers = walked;
+    containers.append(&mut scanned);
+    containers.sort_by_key(|(container, ..)| container.offset);
+    for pair in containers.windows(2) {
+        if let [(outer, ..), (inner, ..)] = pair {
+            if inner.offset < outer.end {
+                return Err(lies_inside(inner.offset, outer));
+            }
+        }
     }
     if containers.is_empty() && format == InputFormat::Other {
         let head = bytes
@@ -217,6 +241,18 @@ pub fn describe_source(source: &ImageSource) -> String {
         out.push_str(&format!(" (member {member})"));
     }
     out
+}
+
+/// A container that starts at `inner` inside `outer`, whose sizes swallow it and hide its images.
+fn lies_inside(inner: usize, outer: &Container) -> Error {
+    Error::malformed(
+        "fatbin container",
+        inner,
+        format!(
+            "container at {inner:#x} lies inside the container at {:#x} (which declares {:#x} bytes of entries, ending at {:#x}); expected containers one after another",
+            outer.offset, outer.body_size, outer.end
+        ),
+    )
 }
 
 /// How many leading bytes of a decompressed payload are the image itself.

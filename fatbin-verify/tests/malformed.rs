@@ -751,8 +751,9 @@ fn chance_signatures_outside_fatbin_sections_are_not_containers() {
         list_images(&elf_with_section(62, ".text", &small)).unwrap(),
         vec![]
     );
-    // The same bytes in .nv_fatbin must be a container: the parse failure is reported.
-    let host = elf_with_section(62, ".nv_fatbin", &data);
+    // In .nv_fatbin a signature must be a container: the parse failure is reported.
+    let at = signature_at(&data);
+    let host = elf_with_section(62, ".nv_fatbin", &data[at..]);
     let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
     assert_eq!((what, offset), ("fatbin container", signature_at(&host)));
     assert!(
@@ -1035,5 +1036,130 @@ fn the_gap_before_the_next_container_must_be_zero() {
                 first.len() + 4
             )
         )
+    );
+}
+
+// ---- Fatbin sections are read whole, as cuobjdump reads them ----
+
+/// Two one-entry containers, `k` and `hidden`, each a multiple of 8 bytes long.
+fn two_containers() -> (Vec<u8>, Vec<u8>) {
+    let a = container(&[EntrySpec::default().bytes()]);
+    let b = container(&[EntrySpec {
+        payload: b".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry hidden(\n)\n{\nret;\n}\n\0".to_vec(),
+        ..Default::default()
+    }
+    .bytes()]);
+    assert_eq!((a.len() % 8, b.len() % 8), (0, 0));
+    (a, b)
+}
+
+/// Where the (only) `.nv_fatbin` section's data starts in a file `elf_with_section` made.
+fn section_start(host: &[u8], data: &[u8]) -> usize {
+    host.windows(data.len())
+        .position(|w| w == data)
+        .expect("section data")
+}
+
+#[test]
+fn words_of_zeros_in_a_fatbin_section_are_padding() {
+    let (a, b) = two_containers();
+    // Leading zeros, a gap of two words, trailing zeros: cuobjdump lists both containers.
+    let data = [vec![0; 8], a.clone(), vec![0; 16], b.clone(), vec![0; 8]].concat();
+    let host = elf_with_section(62, ".nv_fatbin", &data);
+    let start = section_start(&host, &data);
+    let images = list_images(&host).unwrap();
+    let found: Vec<_> = images
+        .iter()
+        .map(|i| {
+            (
+                i.source.container_offset,
+                i.source.section.as_deref(),
+                i.kernels.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (Some(start + 8), Some(".nv_fatbin"), vec!["k".to_string()]),
+            (
+                Some(start + 8 + a.len() + 16),
+                Some(".nv_fatbin"),
+                vec!["hidden".to_string()]
+            ),
+        ]
+    );
+}
+
+#[test]
+fn other_bytes_between_containers_in_a_fatbin_section_are_an_error() {
+    // cuobjdump lists the first container, then stops: "Invalid fatbin header". So does this,
+    // naming the section and the bytes, instead of skipping to the next signature.
+    let (a, b) = two_containers();
+    let data = [a.clone(), vec![0x11; 8], b.clone()].concat();
+    let host = elf_with_section(62, ".nv_fatbin", &data);
+    let start = section_start(&host, &data);
+    let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin section", start + a.len()));
+    assert_eq!(
+        detail,
+        format!(
+            "section `.nv_fatbin` ({start:#x}..{:#x}) holds `11 11 11 11 11 11 11 11` at +{:#x}, expected a fatbin container (`50 ed 55 ba`) or 8 zero bytes of padding: NVIDIA's tools read this section as containers one after another on an 8-byte grid",
+            start + data.len(),
+            a.len()
+        )
+    );
+    // The same bytes in .rodata are plain data around two containers.
+    assert_eq!(
+        list_images(&elf_with_section(62, ".rodata", &data))
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn a_container_off_the_8_byte_grid_of_its_section_is_an_error() {
+    // cuobjdump does not find a container 4 bytes past a grid point either.
+    let (a, b) = two_containers();
+    let data = [a.clone(), vec![0; 4], b].concat();
+    let host = elf_with_section(62, ".nv_fatbin", &data);
+    let start = section_start(&host, &data);
+    let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin section", start + a.len()));
+    assert!(
+        detail.contains("holds `00 00 00 00 50 ed 55 ba`"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn a_damaged_container_header_in_a_fatbin_section_is_an_error_not_a_gap() {
+    // A scan for the signature would skip the damaged container and lose its images silently.
+    let (a, b) = two_containers();
+    let mut data = [a.clone(), b].concat();
+    data[a.len()] ^= 0xff;
+    let host = elf_with_section(62, ".nv_fatbin", &data);
+    let start = section_start(&host, &data);
+    let (what, offset, _) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin section", start + a.len()));
+}
+
+#[test]
+fn a_container_must_end_within_its_fatbin_section() {
+    // The section is cut short in the middle of the container; the bytes after it are still
+    // in the file, but belong to no section.
+    let (a, _) = two_containers();
+    let host = elf_with_sections(&a, &[(".nv_fatbin", 0, a.len() - 8)]);
+    let start = section_start(&host, &a);
+    let (what, offset, detail) = malformed_detail(&list_images(&host).unwrap_err());
+    assert_eq!((what, offset), ("fatbin container", start));
+    assert!(
+        detail.starts_with(&format!(
+            "declares {:#x} bytes of entries, but only {:#x} bytes follow its header",
+            a.len() - 16,
+            a.len() - 24
+        )),
+        "{detail}"
     );
 }

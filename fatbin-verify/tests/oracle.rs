@@ -10,6 +10,11 @@
 #[allow(dead_code)]
 mod nvrtc;
 
+/// Running cuobjdump and reading its output, shared with qwen-engine's test of the built binary.
+#[path = "common/cuobjdump.rs"]
+#[allow(dead_code)]
+mod cuobjdump_oracle;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -291,30 +296,12 @@ fn build_cuda12_corpus(
     files.insert("cu12.ptx", images[5].1.clone());
 }
 
-fn cuobjdump(args: &[&str], file: &Path, cwd: &Path) -> String {
-    let out = Command::new(toolchain().bin.join("cuobjdump"))
-        .args(args)
-        .arg(file)
-        .current_dir(cwd)
-        .output()
-        .expect("run cuobjdump");
-    assert!(
-        out.status.success(),
-        "cuobjdump {args:?} {} failed: {}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn cuobjdump_tool() -> PathBuf {
+    toolchain().bin.join("cuobjdump")
 }
 
-/// cuobjdump's arch name: it prints `sm_100` for a family (`sm_100f`) image and `sm_NN` for PTX.
-fn cuobjdump_arch(t: Target) -> String {
-    let suffix = if t.variant == Variant::ArchSpecific {
-        "a"
-    } else {
-        ""
-    };
-    format!("sm_{}{suffix}", t.sm)
+fn cuobjdump(args: &[&str], file: &Path, cwd: &Path) -> String {
+    cuobjdump_oracle::stdout(&cuobjdump_tool(), args, file, cwd)
 }
 
 /// `cuobjdump -symbols`, unlike `--list-elf`, prints the family suffix (`sm_100f`).
@@ -342,27 +329,27 @@ fn listed(path: &Path) -> (Vec<u8>, Vec<ImageInfo>) {
     (bytes, images)
 }
 
-/// `(kind, arch)` pairs from `cuobjdump --list-elf --list-ptx`, e.g. `ELF file 1: app.1.sm_80.cubin`.
 fn cuobjdump_list(path: &Path) -> Vec<(String, String)> {
-    let text = cuobjdump(
+    cuobjdump_oracle::parse_list(&cuobjdump(
         &["--list-elf", "--list-ptx"],
         path,
         path.parent().expect("dir"),
-    );
-    let mut out: Vec<(String, String)> = text
-        .lines()
-        .filter_map(|line| {
-            let (head, name) = line.split_once(": ")?;
-            let kind = head.split_whitespace().next()?.to_string();
-            let arch = name
-                .split('.')
-                .find(|part| part.starts_with("sm_"))?
-                .to_string();
-            Some((kind, arch))
+    ))
+}
+
+/// Our listing as `cuobjdump --list-elf --list-ptx` prints it: sorted `(kind, arch)` pairs.
+fn our_list(images: &[ImageInfo]) -> Vec<(String, String)> {
+    let mut ours: Vec<(String, String)> = images
+        .iter()
+        .map(|i| {
+            (
+                kind_name(i.kind).to_string(),
+                cuobjdump_oracle::arch(i.target.expect("every corpus image has a target")),
+            )
         })
         .collect();
-    out.sort();
-    out
+    ours.sort();
+    ours
 }
 
 #[test]
@@ -373,16 +360,7 @@ fn listing_matches_cuobjdump_list() {
             continue; // cuobjdump reads no bare PTX ("does not contain device code")
         }
         let (_, images) = listed(path);
-        let mut ours: Vec<(String, String)> = images
-            .iter()
-            .map(|i| {
-                (
-                    kind_name(i.kind).to_string(),
-                    cuobjdump_arch(i.target.expect("every corpus image has a target")),
-                )
-            })
-            .collect();
-        ours.sort();
+        let ours = our_list(&images);
         assert_eq!(
             ours,
             cuobjdump_list(path),
@@ -484,28 +462,8 @@ fn sha_of(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
 }
 
-/// sha256 of every file cuobjdump extracts (`-xelf all` and `-xptx all`), by extension.
 fn cuobjdump_extracted(path: &Path) -> BTreeMap<&'static str, Vec<String>> {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let abs = path.canonicalize().expect("abs path");
-    for flag in ["-xelf", "-xptx"] {
-        // cuobjdump exits 0 with an info line when there is nothing of that kind.
-        cuobjdump(&[flag, "all"], &abs, dir.path());
-    }
-    let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    for entry in std::fs::read_dir(dir.path()).expect("read dir") {
-        let p = entry.expect("entry").path();
-        let kind = if p.extension().is_some_and(|e| e == "cubin") {
-            "ELF"
-        } else {
-            "PTX"
-        };
-        out.entry(kind)
-            .or_default()
-            .push(sha_of(&std::fs::read(&p).expect("read extracted")));
-    }
-    out.values_mut().for_each(|v| v.sort());
-    out
+    cuobjdump_oracle::extracted(&cuobjdump_tool(), path)
 }
 
 #[test]
@@ -717,19 +675,7 @@ fn cli_extract_matches_cuobjdump() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let mut ours: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    for entry in std::fs::read_dir(out.path()).expect("read dir") {
-        let p = entry.expect("entry").path();
-        let kind = if p.extension().is_some_and(|e| e == "cubin") {
-            "ELF"
-        } else {
-            "PTX"
-        };
-        ours.entry(kind)
-            .or_default()
-            .push(sha_of(&std::fs::read(&p).expect("read")));
-    }
-    ours.values_mut().for_each(|v| v.sort());
+    let ours = cuobjdump_oracle::hashes_by_kind(out.path());
     assert_eq!(ours, cuobjdump_extracted(path));
 
     let list = Command::new(env!("CARGO_BIN_EXE_fatbin-verify"))
@@ -820,4 +766,78 @@ fn cli_verify_passes_then_names_a_flipped_byte() {
     let cut = verify(&cut_path);
     assert_eq!(cut.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&cut.stderr).contains("cut.fatbin"));
+}
+
+/// A host executable, built by the C compiler (`cc`, or `CC`), whose `.nv_fatbin` section holds
+/// exactly `data`: a fatbin section laid out by hand.
+fn host_with_fatbin_section(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
+    let bytes: Vec<String> = data.iter().map(u8::to_string).collect();
+    let source = format!(
+        "#include <stdio.h>\n\
+         __attribute__((section(\".nv_fatbin\"), aligned(8), used))\n\
+         static const unsigned char blob[{}] = {{{}}};\n\
+         int main(void) {{ const unsigned char *volatile p = blob; printf(\"%d\\n\", p[0]); return 0; }}\n",
+        data.len(),
+        bytes.join(",")
+    );
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).expect("write C source");
+    let exe = dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .arg(&c)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}` (set CC): {e}"));
+    assert!(
+        out.status.success(),
+        "{cc} {name}.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn fatbin_sections_are_read_as_cuobjdump_reads_them() {
+    let a = std::fs::read(&corpus().files["nocompress.fatbin"]).expect("read");
+    let b = std::fs::read(&corpus().files["af.fatbin"]).expect("read");
+    assert_eq!((a.len() % 8, b.len() % 8), (0, 0));
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Words of zeros before, between and after containers are padding to both.
+    let padded = host_with_fatbin_section(
+        dir.path(),
+        "padded",
+        &[vec![0; 8], a.clone(), vec![0; 16], b.clone(), vec![0; 8]].concat(),
+    );
+    let (_, images) = listed(&padded);
+    assert_eq!(images.len(), 4);
+    assert!(images
+        .iter()
+        .all(|i| i.source.section.as_deref() == Some(".nv_fatbin")));
+    assert_eq!(our_list(&images), cuobjdump_list(&padded));
+    // Anything else between containers, or a container off the 8-byte grid: cuobjdump stops
+    // with "Invalid fatbin header", and fatbin-verify with an error naming the section.
+    for (name, gap) in [("garbage", vec![0x11; 8]), ("off-grid", vec![0; 4])] {
+        let exe = host_with_fatbin_section(dir.path(), name, &[a.clone(), gap, b.clone()].concat());
+        let out = cuobjdump_oracle::output(
+            &cuobjdump_tool(),
+            &["--list-elf", "--list-ptx"],
+            &exe,
+            dir.path(),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("Invalid fatbin header"),
+            "{name}: cuobjdump accepted it: {stderr}"
+        );
+        let bytes = std::fs::read(&exe).expect("read");
+        match list_images(&bytes) {
+            Err(fatbin_verify::Error::Malformed { what, detail, .. }) => {
+                assert_eq!(what, "fatbin section", "{name}: {detail}");
+                assert!(detail.contains("section `.nv_fatbin`"), "{name}: {detail}");
+            }
+            other => panic!("{name}: expected an error naming .nv_fatbin, got {other:?}"),
+        }
+    }
 }
