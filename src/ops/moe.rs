@@ -44,6 +44,10 @@ pub const LAUNCHED: &[(&str, &str)] = &[
     (MODULE_COMBINE, ENTRY_COMBINE),
 ];
 
+/// Programs per SM of the grid-stride `moe_down`: enough blocks resident to keep each SM's share of
+/// the weight stream in flight (8 against 4: 11.4 against 12.6 us a call at c1 on the H200).
+const PROGRAMS_PER_SM: usize = 8;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
     pub hidden: usize,
@@ -254,16 +258,13 @@ pub fn moe_forward(
             TritonArg::ScalarI32(tokens),
         ],
     )?;
-    // Work items are (expert slot, output block): at most every slot's, a few programs per SM
-    // take them grid-stride (the kernel reads how many experts were chosen).
+    // Work items are (expert slot, output block): at most every slot's, taken grid-stride by a few
+    // programs per SM (the kernel reads how many experts were chosen).
     let items = slots * h.div_ceil(down.constexpr(OP, "BLOCK_N")?);
+    let programs = PROGRAMS_PER_SM * kernels.sm_count();
     down.launch(
         OP,
-        (
-            grid("down programs", items.min(4 * kernels.sm_count()))?,
-            1,
-            1,
-        ),
+        (grid("down programs", items.min(programs))?, 1, 1),
         &mut [
             TritonArg::Bf16(&scratch.h),
             TritonArg::Bf16(layer.down),
