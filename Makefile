@@ -36,12 +36,14 @@ run: verify
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels
 
 docs-check:
 	python3 scripts/check-docs.py
 
 test: docs-check setup
 	$(CARGO) test --workspace --release
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels
 	$(MAKE) verify
 	$(MAKE) triton-check
 

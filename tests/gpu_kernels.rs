@@ -11,8 +11,12 @@
 
 mod gpu_common;
 
+use std::sync::Arc;
+
+use aot_kernels::device::CudaContext;
 use aot_kernels::dispatch::{
-    load_available, LoadedKernels, ModuleSource, OpenDevice, Policy, ToolchainChoice,
+    load_available, open_context, DispatchError, LoadedKernels, ModuleSource, OpenDevice, Policy,
+    ToolchainChoice,
 };
 use aot_kernels::ops::activation::{silu_and_mul, silu_and_mul_reference};
 use aot_kernels::ops::compare::{compare, UlpReport};
@@ -248,6 +252,48 @@ fn gpu_every_kernel_sass_equals_ptx() {
         eprintln!("{name}: SASS vs PTX JIT: {r}");
         assert!(r.bitwise_equal(), "{name}: SASS and PTX paths differ: {r}");
     }
+}
+
+/// The backend as an outside engine links it: the kernels loaded on a context the engine made
+/// (`open_context`), every one launched on the engine's own stream (`on_stream`), give the bits
+/// they give on the backend's own stream.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_every_kernel_on_the_engines_context_and_stream_gives_the_same_bits() {
+    let ctx = CudaContext::new(0).expect("this GPU test needs a CUDA device");
+    let d = open_context(ctx.clone()).unwrap();
+    let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
+    let own = ctx.new_stream().unwrap();
+    let on_own = kernels.on_stream(own.clone()).unwrap();
+    assert!(Arc::ptr_eq(on_own.stream(), &own));
+    let inputs = inputs("engine-stream", &d);
+    let (backend, cpu) = run_ops(&kernels, &inputs);
+    let (engine, _) = run_ops(&on_own, &inputs);
+    assert_eq!(engine.len(), cpu.len());
+    for ((name, a), (_, b)) in backend.iter().zip(&engine) {
+        let r = compare(a, b);
+        eprintln!("{name}: the engine's stream vs the backend's: {r}");
+        assert!(
+            r.bitwise_equal(),
+            "{name}: the engine's stream gives other bits: {r}"
+        );
+    }
+}
+
+/// A stream of another context (here a second context on the same GPU) is refused, naming the fix.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_a_stream_of_another_context_is_refused_with_the_fix() {
+    let kernels = load(&device(), Policy::Auto);
+    let other = CudaContext::new_non_primary(0, 0).unwrap();
+    let err = kernels
+        .on_stream(other.new_stream().unwrap())
+        .expect_err("a stream of another context");
+    assert!(matches!(err, DispatchError::ForeignStream { .. }), "{err}");
+    assert!(
+        err.to_string().contains("kernels.context().new_stream()"),
+        "{err}"
+    );
 }
 
 /// The CUDA modules with one toolchain's images (the Triton modules have no CUDA 12 images),

@@ -44,51 +44,85 @@ pub fn driver_version() -> Result<Version, DriverError> {
 
 /// Open device `ordinal` (its primary context) and read capability, integration and driver.
 /// Returns an error, never panics, when no driver or device is there.
+///
+/// The context's per-buffer event tracking is turned off: the backend's own engine orders all its
+/// work on one stream, where cudarc's events would only add driver calls to every launch and get in
+/// the way of CUDA graph capture. An engine that shares buffers across streams makes its context
+/// itself and passes it to [`open_context`], which leaves the context as it is.
 pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
     if !driver_present() {
         return Err(DispatchError::NoDriver);
     }
-    let device_err = |e: DriverError| DispatchError::Device {
-        ordinal,
-        failure: translate(e),
-    };
-    // cudarc resolves driver symbols lazily and panics on one the driver lacks (an old driver);
-    // turn that into an error instead of taking the process down.
-    let opened = catch_unwind(AssertUnwindSafe(|| -> Result<OpenDevice, DispatchError> {
-        let ctx = CudaContext::new(ordinal).map_err(device_err)?;
-        // The backend orders all work on one stream, so cudarc's per-buffer event tracking
-        // (for multi-stream use) would only add driver calls to every launch and get in the
-        // way of stream capture for CUDA graphs.
-        // SAFETY: no buffer of this context is used on another stream.
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        let ctx = CudaContext::new(ordinal).map_err(|e| DispatchError::Device {
+            ordinal,
+            failure: translate(e),
+        })?;
+        // SAFETY: this context is the backend's own: no buffer of it is used on another stream.
         unsafe { ctx.disable_event_tracking() };
-        let sm_count = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(device_err)?
-            .max(1) as usize;
-        let (major, minor) = ctx.compute_capability().map_err(device_err)?;
-        let integrated = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
-            .map_err(device_err)?
-            != 0;
-        let driver = driver_version().map_err(device_err)?;
-        let name = ctx.name().unwrap_or_else(|_| "unknown".to_string());
-        let capability = Version::new(major.max(0) as u32, minor.max(0) as u32);
-        Ok(OpenDevice {
-            ctx,
-            spec: DeviceSpec {
-                capability,
-                integrated,
-                driver,
-            },
-            name,
-            sm_count,
-        })
+        describe(ctx)
     }));
     opened.unwrap_or_else(|p| {
         Err(DispatchError::DriverPanic {
             during: "opening the device",
             message: panic_message(p),
         })
+    })
+}
+
+/// The device of a context the caller made (any ordinal; one per device for several GPUs):
+/// capability, integration, driver and SM count, read without changing the context. Load kernels
+/// on it with [`super::load_available`] (or [`super::load_modules`]).
+///
+/// ```no_run
+/// use aot_kernels::device::CudaContext;
+/// use aot_kernels::dispatch::{load_available, open_context, ModuleSource, Policy};
+///
+/// let ctx = CudaContext::new(1)?; // the engine's own context, on its second GPU
+/// let device = open_context(ctx)?;
+/// let kernels = load_available(&device, Policy::Auto, &ModuleSource::registry())?;
+/// println!("{}", kernels.report().to_table());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn open_context(ctx: Arc<CudaContext>) -> Result<OpenDevice, DispatchError> {
+    if !driver_present() {
+        return Err(DispatchError::NoDriver);
+    }
+    catch_unwind(AssertUnwindSafe(|| describe(ctx))).unwrap_or_else(|p| {
+        Err(DispatchError::DriverPanic {
+            during: "reading the device of a context",
+            message: panic_message(p),
+        })
+    })
+}
+
+fn describe(ctx: Arc<CudaContext>) -> Result<OpenDevice, DispatchError> {
+    let ordinal = ctx.ordinal();
+    let device_err = |e: DriverError| DispatchError::Device {
+        ordinal,
+        failure: translate(e),
+    };
+    let sm_count = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(device_err)?
+        .max(1) as usize;
+    let (major, minor) = ctx.compute_capability().map_err(device_err)?;
+    let integrated = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+        .map_err(device_err)?
+        != 0;
+    let driver = driver_version().map_err(device_err)?;
+    let name = ctx.name().unwrap_or_else(|_| "unknown".to_string());
+    let capability = Version::new(major.max(0) as u32, minor.max(0) as u32);
+    Ok(OpenDevice {
+        ctx,
+        spec: DeviceSpec {
+            capability,
+            integrated,
+            driver,
+        },
+        name,
+        sm_count,
     })
 }
 

@@ -128,4 +128,6 @@ pub enum DispatchError {
         entry: String,
         known: String,
     },
+    #[error("the stream belongs to another context (device {stream}) than the kernels (device {kernels}): make the stream with the kernels' context (`kernels.context().new_stream()`), or load the kernels on the stream's context")]
+    ForeignStream { kernels: usize, stream: usize },
 }

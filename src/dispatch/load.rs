@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::sys::CUresult;
@@ -153,11 +153,16 @@ struct LoadedModule {
     functions: BTreeMap<String, CudaFunction>,
 }
 
-/// Every module's chosen image, loaded into one context: what the typed launchers use.
+/// Every module's chosen image, loaded into one context, and the stream this handle launches on:
+/// what the typed launchers (`crate::ops`) take. Every launcher launches on its handle's stream;
+/// [`LoadedKernels::on_stream`] gives a handle on another stream of the same context that shares
+/// the loaded modules (as a cuBLAS handle takes `cublasSetStream`), so an engine launches on its
+/// own streams without loading anything twice. `Send + Sync`: handles may move to other threads
+/// and be shared; launches on one stream are ordered, across streams the engine orders them.
 pub struct LoadedKernels {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    modules: BTreeMap<String, LoadedModule>,
+    modules: Arc<BTreeMap<String, LoadedModule>>,
     report: LoadReport,
     sm_count: usize,
     /// Modules whose loaded image holds `griddepcontrol.wait` on a GPU that has it; the mode
@@ -166,12 +171,22 @@ pub struct LoadedKernels {
     /// Modules whose loaded image is sm_90+ code on a GPU with thread-block clusters.
     cluster_capable: std::collections::BTreeSet<String>,
     smem_limits: SmemLimits,
-    /// Dynamic shared memory each function has been allowed (beyond the default), by entry.
-    smem_allowed: std::sync::Mutex<BTreeMap<(String, String), usize>>,
+    /// Dynamic shared memory each function has been allowed (beyond the default), by entry
+    /// (shared by every handle of these modules: the attribute belongs to the function).
+    smem_allowed: Arc<Mutex<BTreeMap<(String, String), usize>>>,
     /// Whether a cluster launch of an entry can be placed, by (module, entry, shared memory,
     /// cluster size): [`LoadedKernels::cluster_fits`].
-    cluster_fit: std::sync::Mutex<BTreeMap<(String, String, u32, u32), bool>>,
+    cluster_fit: Arc<Mutex<ClusterFits>>,
 }
+
+/// Whether a cluster launch fits, by (module, entry, shared memory bytes, cluster size).
+type ClusterFits = BTreeMap<(String, String, u32, u32), bool>;
+
+// The handles cross threads: checked at compile time.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<LoadedKernels>();
+};
 
 impl std::fmt::Debug for LoadedKernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -210,9 +225,44 @@ impl LoadedKernels {
         &self.ctx
     }
 
-    /// The stream the kernels are launched on (created with the kernels; non-blocking).
+    /// The stream this handle's launches go to: the backend's own (created with the kernels,
+    /// non-blocking), or the one given to [`Self::on_stream`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// A handle on `stream` sharing these loaded modules: every launcher given it launches on
+    /// `stream`. The stream must belong to the context the kernels were loaded in (an error names
+    /// both devices otherwise). Nothing is loaded again; the handle costs a few small copies.
+    ///
+    /// ```no_run
+    /// use aot_kernels::dispatch::{load_all, Policy};
+    ///
+    /// let kernels = load_all(Policy::Auto)?;
+    /// let mine = kernels.context().new_stream()?; // the engine's own stream
+    /// let on_mine = kernels.on_stream(mine.clone())?;
+    /// assert!(std::sync::Arc::ptr_eq(on_mine.stream(), &mine));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_stream(&self, stream: Arc<CudaStream>) -> Result<LoadedKernels, DispatchError> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(DispatchError::ForeignStream {
+                kernels: self.ctx.ordinal(),
+                stream: stream.context().ordinal(),
+            });
+        }
+        Ok(LoadedKernels {
+            ctx: self.ctx.clone(),
+            stream,
+            modules: self.modules.clone(),
+            report: self.report.clone(),
+            sm_count: self.sm_count,
+            pdl_capable: self.pdl_capable.clone(),
+            cluster_capable: self.cluster_capable.clone(),
+            smem_limits: self.smem_limits,
+            smem_allowed: self.smem_allowed.clone(),
+            cluster_fit: self.cluster_fit.clone(),
+        })
     }
 
     pub fn report(&self) -> &LoadReport {
@@ -472,7 +522,7 @@ fn sm90_modules(device_ok: bool, modules: &[ModuleReport]) -> std::collections::
 }
 
 /// Load every registry module on device 0 under `policy`, but those unavailable here by design
-/// (see [`super::plan`]: the CUDA-13-only Triton modules on a 12.x driver), which are logged and
+/// (see [`super::plan::plan`]: the CUDA-13-only Triton modules on a 12.x driver), which are logged and
 /// left out; asking for one later names the module.
 pub fn load_all(policy: Policy) -> Result<LoadedKernels, DispatchError> {
     let device = driver::open_device(0)?;
@@ -513,7 +563,7 @@ pub fn load_available(
             None => keep.push(m.clone()),
         }
     }
-    load_modules(device, 0, policy, &keep)
+    load_modules(device, device.ctx.ordinal(), policy, &keep)
 }
 
 /// Select, verify and load one image per module on an open device. `modules` may be a subset
@@ -581,7 +631,7 @@ pub fn load_modules(
         smem_limits,
         ctx: device.ctx.clone(),
         stream,
-        modules: loaded,
+        modules: Arc::new(loaded),
         report,
         sm_count: device.sm_count,
         smem_allowed: Default::default(),

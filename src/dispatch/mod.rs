@@ -4,7 +4,7 @@
 //! fallbacks.
 //!
 //! - [`select`]: the pure decision (capability, integrated, driver, images -> image or error).
-//! - [`plan`]: that decision for every module, printable and serializable; works for a simulated
+//! - [`mod@plan`]: that decision for every module, printable and serializable; works for a simulated
 //!   device, so any device's plan can be checked without a GPU.
 //! - [`verify`]: sha256 of an image against the build's record, once per process.
 //! - [`load`]: open the device, load the chosen images, hand out functions, report what runs.
@@ -19,7 +19,7 @@ pub mod select;
 pub mod source;
 pub mod verify;
 
-pub use driver::{open_device, FunctionAttributes, OpenDevice};
+pub use driver::{open_context, open_device, FunctionAttributes, OpenDevice};
 pub use error::{translate, DispatchError, DriverFailure};
 pub use load::{
     check_module, cluster_device, load_all, load_all_from_env, load_available, load_modules,

@@ -1,5 +1,5 @@
 //! The one thin layer that launches kernels: shape checks, then the unsafe driver launch.
-//! Typed launchers in the op modules build on [`launch`]; nothing above them sees raw pointers.
+//! Typed launchers in the op modules build on `launch`; nothing above them sees raw pointers.
 
 use std::marker::PhantomData;
 

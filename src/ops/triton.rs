@@ -2,7 +2,7 @@
 //!
 //! `scripts/triton-gen.sh` writes, per Triton module, a `meta.json` (entry, signature, constexprs,
 //! num_warps, and per target: shared memory, scratch sizes, PTX `.version`); the build turns it
-//! into [`TRITON_KERNELS`]. A [`TritonKernel`] is one module as loaded on a device: the launch
+//! into `TRITON_KERNELS`. A [`TritonKernel`] is one module as loaded on a device: the launch
 //! uses `32 * num_warps` threads, the loaded image's `shared` bytes of dynamic shared memory, the
 //! two scratch pointers Triton appends, and checks every argument against the signature.
 
