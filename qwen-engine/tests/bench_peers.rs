@@ -1,8 +1,8 @@
 //! `scripts/bench/peers.py` without a GPU: it compiles with the plain python3 CI has, and, where
-//! torch and transformers are installed (`PEERS_PYTHON`, else `python3`), its CPU self-test runs
-//! the engine's tiny model through both implementations end to end and prints a peers object
-//! this crate reads, validates and joins into a bundle. CI installs no torch: there the self-test
-//! says so on stderr and checks nothing more.
+//! torch and transformers are installed (`PEERS_PYTHON`, else `python3`), its CPU self-tests run
+//! the engine's tiny model (and the tiny model of the hybrid Qwen3.6-35B-A3B family) through both
+//! implementations end to end and print a peers object this crate reads, validates and joins into
+//! a bundle. CI installs no torch: there the self-tests say so on stderr and check nothing more.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -166,4 +166,92 @@ fn the_peers_script_self_test_runs_the_tiny_model_on_the_cpu() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`16by1` is not a cell"));
+}
+
+#[test]
+fn the_peers_script_self_test_runs_the_tiny_hybrid_model_on_the_cpu() {
+    let py = python();
+    let probe = Command::new(&py)
+        .args([
+            "-c",
+            "import torch, transformers\n\
+             from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, StaticCache\n\
+             print(torch.__version__, transformers.__version__)",
+        ])
+        .output();
+    let Some(probe) = probe.ok().filter(|o| o.status.success()) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED the_peers_script_self_test_runs_the_tiny_hybrid_model_on_the_cpu: {py} has no torch + \
+             transformers with Qwen3_5MoeForCausalLM (set PEERS_PYTHON to a python that has them, e.g. \
+             torch 2.11 + transformers 5.17)"
+        );
+        return;
+    };
+    let versions = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    let out = Command::new(&py)
+        .arg(script())
+        .args([
+            "--model",
+            "qwen3.6-35b-a3b",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--dtype",
+            "float32",
+            "--require-match",
+            "--cells",
+            "16x4",
+            "--new-tokens",
+            "4",
+            "--warmup-steps",
+            "2",
+            "--implementations",
+            "eager,static-compiled",
+            "--compile-backend",
+            "aot_eager",
+            "--matmul-runs",
+            "2",
+        ])
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .expect("the peers script runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "peers.py ({versions}) failed:\n{stderr}"
+    );
+    let peers = Peers::from_json(&String::from_utf8_lossy(&out.stdout), "stdout").unwrap();
+    peers.validate().unwrap();
+    let x = &peers.extra;
+    assert_eq!(x["model"], "tiny-hybrid");
+    assert_eq!(x["model_class"], "Qwen3_5MoeForCausalLM");
+    assert_eq!(x["model_type"], "qwen3_5_moe_text");
+    assert_eq!(x["config"]["num_hidden_layers"], 4);
+    assert_eq!(x["hybrid"]["layer_types"]["linear_attention"], 3);
+    assert_eq!(x["hybrid"]["layer_types"]["full_attention"], 1);
+    // The compiled step is one graph (no fallback without fullgraph).
+    assert_eq!(x["compile"]["fullgraph"], true);
+    let paths = x["hybrid"]["gdn_paths"].as_object().unwrap();
+    assert_eq!(paths.len(), 4, "{paths:?}");
+    let eager = peers
+        .cells
+        .iter()
+        .find(|c| c.implementation == "eager")
+        .unwrap();
+    let compiled = peers
+        .cells
+        .iter()
+        .find(|c| c.implementation == "static-compiled")
+        .unwrap();
+    // Prefill: the chunked rule and the conv once per linear layer; each of the 2 + 4 decode
+    // steps: the recurrent rule and the conv update once per linear layer.
+    let calls = &eager.extra["gdn_calls"];
+    assert_eq!(calls["torch_chunk_gated_delta_rule"], 3);
+    assert_eq!(calls["causal_conv1d_fn"], 3);
+    assert_eq!(calls["torch_recurrent_gated_delta_rule"], 18);
+    assert_eq!(calls["causal_conv1d_update"], 18);
+    // float32 on the CPU: the static cache and the compiled step generate eager's ids exactly.
+    assert_eq!(compiled.extra["matches_eager"], true);
+    assert_eq!(compiled.extra["digest"], eager.extra["digest"]);
 }
