@@ -13,7 +13,7 @@ CARGO ?= cargo
 RELEASE := target/release
 VERIFY := $(RELEASE)/fatbin-verify verify --manifest aot-manifest.toml --lock aot-manifest.lock
 
-.PHONY: setup build verify run test lint lock gpu-bundle clean-cache triton triton-check docs-check
+.PHONY: setup build verify run test lint lock gpu-bundle clean-cache triton triton-check docs-check examples
 
 setup:
 	@bash scripts/setup-toolchain.sh
@@ -44,8 +44,14 @@ docs-check:
 test: docs-check setup
 	$(CARGO) test --workspace --release
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels
+	bash scripts/check-examples.sh
 	$(MAKE) verify
 	$(MAKE) triton-check
+
+# examples/rust-engine, an engine outside the workspace linking the backend by path: built, and its
+# no-GPU and argument-error paths run (with a GPU, the whole check).
+examples: setup
+	bash scripts/check-examples.sh
 
 # Regenerating the Triton modules reproduces the committed PTX byte for byte (installs triton==3.6.0
 # into .triton-venv/; no GPU needed).
