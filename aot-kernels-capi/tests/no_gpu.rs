@@ -1,0 +1,398 @@
+//! The C ABI's paths that need no GPU, called as C calls them: argument errors name the argument,
+//! a machine without a driver gets its own status, the last error belongs to its thread, the
+//! simulated plan comes through the buffer protocol.
+//!
+//! The buffers here are made-up, aligned device addresses: the checks run before the backend is
+//! looked at, so a call with a null backend reports a bad buffer first and, with good buffers,
+//! the null backend.
+
+use std::ffi::{c_char, CStr};
+use std::ptr::{null, null_mut};
+
+use aot_kernels::dispatch::driver::driver_present;
+use aot_kernels_capi::backend::{
+    aot_backend_create, aot_backend_create_in_context, aot_backend_destroy,
+};
+use aot_kernels_capi::json::aot_plan_json_simulated;
+use aot_kernels_capi::last_error::aot_last_error_message;
+use aot_kernels_capi::ops::{
+    aot_gemv_bf16, aot_rmsnorm_bf16, aot_sample_tokens, aot_silu_and_mul_bf16,
+};
+use aot_kernels_capi::{AotBackend, AotSamplingParams, AotStatus};
+
+fn last_error() -> String {
+    // SAFETY: this thread's message, valid until its next call.
+    unsafe { CStr::from_ptr(aot_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Device addresses far apart, 256-byte aligned as cudaMalloc's are.
+const X: u64 = 0x7f00_0000_0000;
+const W: u64 = 0x7f00_1000_0000;
+const OUT: u64 = 0x7f00_2000_0000;
+
+fn rmsnorm(
+    backend: *const AotBackend,
+    out: u64,
+    out_len: usize,
+    x: u64,
+    weight_len: usize,
+) -> AotStatus {
+    // SAFETY: no pointer is dereferenced before the checks this test exercises.
+    unsafe {
+        aot_rmsnorm_bf16(
+            backend,
+            null_mut(),
+            out,
+            out_len,
+            x,
+            4 * 64,
+            W,
+            weight_len,
+            4,
+            64,
+            1e-6,
+            0.0,
+        )
+    }
+}
+
+#[test]
+fn without_a_driver_creating_a_backend_says_so() {
+    let mut backend: *mut AotBackend = null_mut();
+    // SAFETY: `backend` is storage for one pointer.
+    let status = unsafe { aot_backend_create(0, 0, 0, &mut backend) };
+    if driver_present() {
+        // A GPU machine: the driver is there, so the status is never the no-driver one.
+        assert_ne!(status, AotStatus::NoDriver, "{}", last_error());
+        // SAFETY: null or the backend just made.
+        assert_eq!(unsafe { aot_backend_destroy(backend) }, AotStatus::Ok);
+    } else {
+        assert_eq!(status, AotStatus::NoDriver);
+        let message = last_error();
+        assert!(
+            message.starts_with("aot_backend_create: no CUDA driver found"),
+            "{message}"
+        );
+        assert!(backend.is_null(), "no backend is written on failure");
+    }
+}
+
+#[test]
+fn create_names_a_null_out_a_bad_policy_flags_and_ordinal_before_opening_the_driver() {
+    let mut backend: *mut AotBackend = null_mut();
+    let cases: [(i32, u32, u32, bool, AotStatus, &str); 4] = [
+        (
+            0,
+            0,
+            0,
+            false,
+            AotStatus::NullArgument,
+            "aot_backend_create: `out` is null",
+        ),
+        (
+            0,
+            7,
+            0,
+            true,
+            AotStatus::InvalidArgument,
+            "aot_backend_create: `policy` 7 is not a policy",
+        ),
+        (
+            0,
+            0,
+            0x10,
+            true,
+            AotStatus::InvalidArgument,
+            "aot_backend_create: `flags` 0x10 has unknown bits 0x10",
+        ),
+        (
+            -1,
+            0,
+            0,
+            true,
+            AotStatus::InvalidArgument,
+            "aot_backend_create: `ordinal` -1 is negative",
+        ),
+    ];
+    for (ordinal, policy, flags, with_out, want, text) in cases {
+        let out = if with_out {
+            &mut backend as *mut _
+        } else {
+            null_mut()
+        };
+        // SAFETY: `out` is null or storage for one pointer.
+        let status = unsafe { aot_backend_create(ordinal, policy, flags, out) };
+        assert_eq!(status, want, "{text}");
+        assert!(
+            last_error().starts_with(text),
+            "{} (want {text})",
+            last_error()
+        );
+    }
+    // SAFETY: the null context is refused before use.
+    let status = unsafe { aot_backend_create_in_context(null_mut(), 0, 0, &mut backend) };
+    assert_eq!(status, AotStatus::NullArgument);
+    assert_eq!(
+        last_error(),
+        "aot_backend_create_in_context: `cu_context` is null"
+    );
+    assert!(backend.is_null());
+}
+
+#[test]
+fn destroying_null_is_a_no_op() {
+    // SAFETY: null is accepted.
+    assert_eq!(unsafe { aot_backend_destroy(null_mut()) }, AotStatus::Ok);
+    assert_eq!(last_error(), "");
+}
+
+#[test]
+fn rmsnorm_names_a_null_a_short_and_a_misaligned_buffer_then_the_null_backend() {
+    assert_eq!(rmsnorm(null(), OUT, 256, 0, 64), AotStatus::NullArgument);
+    assert_eq!(last_error(), "aot_rmsnorm_bf16: `x` is null");
+
+    assert_eq!(
+        rmsnorm(null(), OUT, 256, X, 63),
+        AotStatus::DeviceBufferTooSmall
+    );
+    assert_eq!(
+        last_error(),
+        "aot_rmsnorm_bf16: `weight` is declared 63 elements long; the shape (hidden 64) needs 64"
+    );
+
+    assert_eq!(rmsnorm(null(), OUT + 1, 256, X, 64), AotStatus::Misaligned);
+    assert!(
+        last_error().starts_with("aot_rmsnorm_bf16: `out` (0x7f0020000001) is not 2-byte aligned"),
+        "{}",
+        last_error()
+    );
+
+    assert_eq!(
+        rmsnorm(null(), X + 2, 256, X, 64),
+        AotStatus::InvalidArgument
+    );
+    assert!(
+        last_error().contains("`out` and `x` overlap"),
+        "{}",
+        last_error()
+    );
+
+    assert_eq!(rmsnorm(null(), OUT, 256, X, 64), AotStatus::NullArgument);
+    assert_eq!(last_error(), "aot_rmsnorm_bf16: `backend` is null");
+}
+
+#[test]
+fn rmsnorm_names_a_zero_shape_and_a_non_finite_eps() {
+    // SAFETY: refused before any pointer is used.
+    let zero = unsafe {
+        aot_rmsnorm_bf16(
+            null(),
+            null_mut(),
+            OUT,
+            256,
+            X,
+            256,
+            W,
+            64,
+            0,
+            64,
+            1e-6,
+            0.0,
+        )
+    };
+    assert_eq!(zero, AotStatus::InvalidArgument);
+    assert_eq!(
+        last_error(),
+        "aot_rmsnorm_bf16: `rows` is 0: it must be at least 1"
+    );
+    // SAFETY: as above.
+    let nan = unsafe {
+        aot_rmsnorm_bf16(
+            null(),
+            null_mut(),
+            OUT,
+            256,
+            X,
+            256,
+            W,
+            64,
+            4,
+            64,
+            f32::NAN,
+            0.0,
+        )
+    };
+    assert_eq!(nan, AotStatus::InvalidArgument);
+    assert_eq!(
+        last_error(),
+        "aot_rmsnorm_bf16: `eps` NaN must be a finite number"
+    );
+}
+
+#[test]
+fn gemv_names_its_token_limit_its_vector_alignment_and_its_strides() {
+    let gemv = |x: u64, ld_x: usize, m: usize, out_len: usize| {
+        // SAFETY: refused before any pointer is used (null backend).
+        unsafe {
+            aot_gemv_bf16(
+                null(),
+                null_mut(),
+                W,
+                128 * 64,
+                128,
+                64,
+                x,
+                8 * 64,
+                ld_x,
+                m,
+                OUT,
+                out_len,
+                128,
+            )
+        }
+    };
+    assert_eq!(gemv(X, 64, 9, 9 * 128), AotStatus::InvalidArgument);
+    assert!(
+        last_error().starts_with("aot_gemv_bf16: `m` 9: one GEMV takes 1..=8 token rows"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(gemv(X + 8, 64, 2, 256), AotStatus::Misaligned);
+    assert!(last_error().starts_with("aot_gemv_bf16: `x` (0x7f0000000008) is not 16-byte aligned (its kernel reads it in 16-byte vectors)"), "{}", last_error());
+    assert_eq!(gemv(X, 60, 2, 256), AotStatus::InvalidArgument);
+    assert!(
+        last_error().starts_with("aot_gemv_bf16: `ld_x` 60 must be a multiple of 8"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(gemv(X, 64, 2, 255), AotStatus::DeviceBufferTooSmall);
+    assert_eq!(
+        last_error(),
+        "aot_gemv_bf16: `out` is declared 255 elements long; the shape (rows 2 of n 128 every ld_out 128) needs 256"
+    );
+    assert_eq!(gemv(X, 64, 2, 256), AotStatus::NullArgument);
+    assert_eq!(last_error(), "aot_gemv_bf16: `backend` is null");
+}
+
+#[test]
+fn silu_and_mul_needs_vector_alignment_only_when_d_is_a_multiple_of_8() {
+    // SAFETY: refused before any pointer is used (null backend).
+    let silu = |input: u64, d: usize| unsafe {
+        aot_silu_and_mul_bf16(null(), null_mut(), OUT, 4 * d, input, 8 * d, 4, d)
+    };
+    assert_eq!(silu(X + 2, 64), AotStatus::Misaligned);
+    assert!(
+        last_error().contains("`input` (0x7f0000000002) is not 16-byte aligned"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(silu(X + 2, 63), AotStatus::NullArgument, "{}", last_error());
+    assert_eq!(last_error(), "aot_silu_and_mul_bf16: `backend` is null");
+}
+
+#[test]
+fn sample_tokens_names_null_params_and_each_parameter_array() {
+    let params = AotSamplingParams {
+        temperature: 0x7f00_3000_0000,
+        top_k: 0x7f00_3100_0000,
+        top_p: 0x7f00_3200_0000,
+        seed: 0x7f00_3300_0004,
+        counter: 0x7f00_3400_0000,
+        len: 2,
+    };
+    // SAFETY: refused before any pointer is used (null backend); `p` is null or one struct.
+    let sample = |p: *const AotSamplingParams| unsafe {
+        aot_sample_tokens(null(), null_mut(), OUT, 2, X, 2 * 1000, 2, 1000, 1000, p)
+    };
+    assert_eq!(sample(null()), AotStatus::NullArgument);
+    assert_eq!(last_error(), "aot_sample_tokens: `params` is null");
+    assert_eq!(sample(&params), AotStatus::Misaligned);
+    assert!(
+        last_error().starts_with(
+            "aot_sample_tokens: `params->seed` (0x7f0033000004) is not 8-byte aligned"
+        ),
+        "{}",
+        last_error()
+    );
+    let short = AotSamplingParams {
+        seed: 0x7f00_3300_0000,
+        len: 1,
+        ..params
+    };
+    assert_eq!(sample(&short), AotStatus::DeviceBufferTooSmall);
+    assert!(
+        last_error()
+            .starts_with("aot_sample_tokens: `params->temperature` is declared 1 elements long"),
+        "{}",
+        last_error()
+    );
+}
+
+#[test]
+fn each_thread_reads_its_own_last_error() {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let fail_then_read = |null_x: bool, barrier: std::sync::Arc<std::sync::Barrier>| {
+        std::thread::spawn(move || {
+            let status = if null_x {
+                rmsnorm(null(), OUT, 256, 0, 64)
+            } else {
+                rmsnorm(null(), OUT, 256, X, 63)
+            };
+            assert_ne!(status, AotStatus::Ok);
+            // Both threads have failed before either reads.
+            barrier.wait();
+            last_error()
+        })
+    };
+    let a = fail_then_read(true, barrier.clone());
+    let b = fail_then_read(false, barrier);
+    assert_eq!(a.join().unwrap(), "aot_rmsnorm_bf16: `x` is null");
+    assert!(b
+        .join()
+        .unwrap()
+        .contains("`weight` is declared 63 elements long"));
+}
+
+#[test]
+fn the_simulated_plan_comes_through_the_buffer_protocol() {
+    let mut len = 0usize;
+    // SAFETY: a null buffer with capacity 0 asks for the size.
+    let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 0, 0, null_mut(), &mut len) };
+    assert_eq!(status, AotStatus::HostBufferTooSmall, "{}", last_error());
+    assert!(len > 2, "the size needed is reported");
+    let mut buf = vec![0 as c_char; len];
+    let mut cap = len;
+    // SAFETY: `buf` holds `cap` bytes.
+    let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 0, 0, buf.as_mut_ptr(), &mut cap) };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    assert_eq!(cap, len);
+    // SAFETY: NUL-terminated by the call.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+    let plan: serde_json::Value = serde_json::from_str(text).expect("the plan is JSON");
+    let modules = plan["modules"].as_array().expect("a modules array");
+    assert!(modules.iter().any(|m| m["module"] == "rmsnorm"), "{text}");
+
+    let mut small = 4usize;
+    let mut four = [0 as c_char; 4];
+    // SAFETY: `four` holds `small` bytes.
+    let status =
+        unsafe { aot_plan_json_simulated(9, 0, 13, 0, 0, 0, four.as_mut_ptr(), &mut small) };
+    assert_eq!(status, AotStatus::HostBufferTooSmall);
+    assert_eq!(small, len);
+    assert_eq!(four, [0; 4], "nothing is written to a short buffer");
+
+    // SAFETY: refused before the buffer is used.
+    let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 2, 0, null_mut(), &mut len) };
+    assert_eq!(status, AotStatus::InvalidArgument);
+    assert!(
+        last_error().contains("`integrated` 2 must be 0"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: a null `len` is refused.
+    let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 0, 0, null_mut(), null_mut()) };
+    assert_eq!(status, AotStatus::NullArgument);
+    assert_eq!(last_error(), "aot_plan_json_simulated: `len` is null");
+}
