@@ -36,22 +36,25 @@ run: verify
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels -p aot-kernels-capi
 
 docs-check:
 	python3 scripts/check-docs.py
 
 test: docs-check setup
 	$(CARGO) test --workspace --release
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --release --no-deps -p aot-kernels -p aot-kernels-capi
 	bash scripts/check-examples.sh
+	bash scripts/check-cpp-example.sh
 	$(MAKE) verify
 	$(MAKE) triton-check
 
-# examples/rust-engine, an engine outside the workspace linking the backend by path: built, and its
-# no-GPU and argument-error paths run (with a GPU, the whole check).
+# examples/rust-engine, an engine outside the workspace linking the backend by path, and
+# examples/cpp-engine, a C++ engine on the C ABI: built, and their no-GPU and argument-error paths
+# run (with a GPU, the whole checks).
 examples: setup
 	bash scripts/check-examples.sh
+	bash scripts/check-cpp-example.sh
 
 # Regenerating the Triton modules reproduces the committed PTX byte for byte (installs triton==3.6.0
 # into .triton-venv/; no GPU needed).

@@ -13,16 +13,7 @@ cargo build --release
 cargo clippy --release -- -D warnings
 bin="$CARGO_TARGET_DIR/release/rust-engine-example"
 
-expect() { # expected-code expected-stderr-substring args...
-    local want=$1 text=$2; shift 2
-    set +e; "$bin" "$@" >/tmp/rust-engine.out 2>/tmp/rust-engine.err; local got=$?; set -e
-    if [[ $got != "$want" ]] || ! grep -qF -- "$text" /tmp/rust-engine.err; then
-        echo "check-examples: \`rust-engine-example $*\` exited $got (want $want), stderr:" >&2
-        cat /tmp/rust-engine.err >&2
-        exit 1
-    fi
-    echo "check-examples: rust-engine-example $*: exit $got, \"$(head -1 /tmp/rust-engine.err)\""
-}
+source "$root/scripts/expect-exit.sh"
 expect 2 "--rows 9: the GEMV takes 1..=8 rows" --rows 9
 expect 2 "--hidden 100: needs a positive multiple of 8" --hidden 100
 expect 2 "unknown argument \`--bogus\`" --bogus 1
