@@ -22,7 +22,8 @@ build: setup
 	$(CARGO) build --release --workspace
 
 verify: build
-	$(VERIFY) $(RELEASE)/libaot_kernels.rlib $(RELEASE)/qwen-decode
+	$(VERIFY) $(RELEASE)/libaot_kernels.rlib $(RELEASE)/qwen-decode \
+		$(RELEASE)/libaot_kernels_capi.a $(RELEASE)/libaot_kernels_capi.so
 
 run: verify
 	@# Exit status 3 means "no CUDA device here": the plan is still printed, and that is not a failure.
