@@ -22,7 +22,7 @@
 
 #define AOT_KERNELS_ABI_VERSION_MAJOR 1
 
-#define AOT_KERNELS_ABI_VERSION_MINOR 0
+#define AOT_KERNELS_ABI_VERSION_MINOR 1
 
 // What the header was generated for; pass it to `aot_check_abi`.
 #define AOT_KERNELS_ABI_VERSION ((AOT_KERNELS_ABI_VERSION_MAJOR << 16) | AOT_KERNELS_ABI_VERSION_MINOR)
@@ -119,6 +119,65 @@ typedef struct AotSamplingParams {
   AotDevicePtr counter;
   size_t len;
 } AotSamplingParams;
+
+// The arguments of `aot_attention_decode_bf16`: device buffers, each with its declared length in
+// elements (the workspace in bytes), and the shapes. A row is one sequence of the batch with its
+// one new token.
+typedef struct AotAttentionDecode {
+  // `bf16`: `m` rows `ld_qkv` apart, each the new token's projection `[q heads | k heads | v
+  // heads]` (`(q_heads + 2 kv_heads) x head_dim` values) before the norms and RoPE.
+  AotDevicePtr qkv;
+  size_t qkv_len;
+  size_t ld_qkv;
+  // `bf16[head_dim]`: the RMSNorm weights of every query head.
+  AotDevicePtr q_norm;
+  size_t q_norm_len;
+  // `bf16[head_dim]`: the RMSNorm weights of every key head.
+  AotDevicePtr k_norm;
+  size_t k_norm_len;
+  // `float[max_pos][head_dim]`: per position `p`, `cos(p f_i)` for the `head_dim / 2`
+  // frequencies `f_i` of the NeoX rotation, then `sin(p f_i)`.
+  AotDevicePtr cos_sin;
+  size_t cos_sin_len;
+  size_t max_pos;
+  // `bf16[blocks][kv_heads][16][head_dim]`, 16-byte aligned (read in 16-byte vectors): this
+  // layer's paged key cache; the new token's key (normed, rotated) is written at its position.
+  AotDevicePtr k_cache;
+  size_t k_cache_len;
+  // As `k_cache`, for the values.
+  AotDevicePtr v_cache;
+  size_t v_cache_len;
+  // `int32`: rows of `ld_bt` cache block ids, one row a sequence slot; entry `p / 16` of a
+  // slot's row is the block of its position `p`.
+  AotDevicePtr block_table;
+  size_t block_table_len;
+  size_t ld_bt;
+  // `int32[m]`: each row's slot (its block-table row); the rows of one launch have distinct
+  // slots, and none writes a block another row reads.
+  AotDevicePtr slot_of_row;
+  size_t slot_of_row_len;
+  // `int32[m]`: each row's new position `pos`; the row attends to positions `0..=pos`.
+  AotDevicePtr positions;
+  size_t positions_len;
+  // `bf16[m][q_heads][head_dim]`.
+  AotDevicePtr out;
+  size_t out_len;
+  // 8-byte aligned, `workspace_bytes` long: see `aot_attention_decode_workspace_bytes`.
+  AotDevicePtr workspace;
+  size_t workspace_bytes;
+  // Rows: 1..=65535.
+  size_t m;
+  // A multiple of `kv_heads`, 1 to 8 times it.
+  size_t q_heads;
+  size_t kv_heads;
+  // 64, 128 or 256.
+  size_t head_dim;
+  // The RMSNorms' epsilon: finite, >= 0.
+  float eps;
+  // 0 for norms that scale by `w` (Qwen3), 1 for the zero-centred ones that scale by `1 + w`
+  // (Qwen3.5/3.6).
+  float weight_offset;
+} AotAttentionDecode;
 
 #ifdef __cplusplus
 extern "C" {
@@ -325,6 +384,45 @@ AotStatus aot_sample_tokens(const struct AotBackend *backend,
                             size_t vocab,
                             size_t row_stride,
                             const struct AotSamplingParams *params);
+
+// `*bytes` = the size of the workspace that `aot_attention_decode_bf16` needs for `rows` rows of
+// these heads: the split-KV merge's partials (floats) and counters (uint32). Allocate it 8-byte
+// aligned (`cuMemAlloc` is) and zero it once before its first use (`cuMemsetD8`); every launch
+// leaves the counters zero again, so it serves launch after launch as it is. One workspace per
+// stream with launches in flight and per attention shape (`q_heads`, `kv_heads`, `head_dim`);
+// sized for some rows, it serves launches of as many or fewer if every call declares the same
+// `workspace_bytes` (the counters lie in its last bytes, out of the partials' way).
+//
+// # Safety
+// `bytes` is null (an error) or points to one `size_t`.
+AotStatus aot_attention_decode_workspace_bytes(size_t rows,
+                                               size_t q_heads,
+                                               size_t kv_heads,
+                                               size_t head_dim,
+                                               size_t *bytes);
+
+// One decode step of attention for `args->m` rows, with the step before it fused in: per row, the
+// new token's query and key heads through RMSNorm (`q_norm`, `k_norm`; `eps`, `weight_offset`) and
+// NeoX RoPE at its position (row `pos` of `cos_sin`), its key and value written into the paged
+// cache at `pos`, then `out` = softmax(q k / sqrt(head_dim)) v over positions `0..=pos` (query
+// head `h` reads KV head `h / (q_heads / kv_heads)`). Positions `0..pos` of the cache hold the
+// sequence's earlier keys and values (written by earlier launches).
+//
+// Positions, slots and block ids are read on the device: a position outside `0..max_pos` or past
+// its block-table row (`pos / 16 >= ld_bt`), or a negative block id, traps the kernel (the
+// context is then unusable, as after any device fault); a slot past the block table or a block
+// id past the caches is not checked there (an out-of-bounds access). Check them on the host.
+// Under `AOT_KERNELS_PDL=all` the launch may start while the kernel before it ends and read
+// `positions` and `slot_of_row` meanwhile: copy them from the host, not from that kernel.
+//
+// The workspace (`aot_attention_decode_workspace_bytes`, zeroed once) serves the launches of one
+// stream in turn; launches that may run at the same time need one each.
+//
+// # Safety
+// As for `aot_rmsnorm_bf16`; `args` is null (an error) or points to one `AotAttentionDecode`.
+AotStatus aot_attention_decode_bf16(const struct AotBackend *backend,
+                                    void *stream,
+                                    const struct AotAttentionDecode *args);
 
 // The library's ABI version, `major << 16 | minor`.
 uint32_t aot_abi_version(void);

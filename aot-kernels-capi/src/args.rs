@@ -30,7 +30,29 @@ impl<T> DeviceArg<T> {
     pub fn bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
+
+    /// Its name, address and bytes, whatever its element.
+    pub fn extent(&self) -> Extent {
+        (self.name, self.ptr, self.bytes())
+    }
+
+    /// `len` elements of `U` from byte `offset` on, under this buffer's name: a caller's workspace
+    /// cut into the arrays a kernel takes. `None` when they would run past its declared end.
+    pub fn part<U>(&self, offset: usize, len: usize) -> Option<DeviceArg<U>> {
+        let end = len
+            .checked_mul(std::mem::size_of::<U>())?
+            .checked_add(offset)?;
+        (end <= self.bytes()).then(|| DeviceArg {
+            name: self.name,
+            ptr: self.ptr + offset as u64,
+            len,
+            _elem: PhantomData,
+        })
+    }
 }
+
+/// A checked buffer's name, address and declared bytes.
+pub(crate) type Extent = (&'static str, u64, usize);
 
 /// The elements a shape holds, and how to say it in a message (`rows 4 x hidden 2048`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,9 +126,9 @@ pub(crate) fn device_buffer<T>(
     }
     if !ptr.is_multiple_of(align) {
         let why = if align > std::mem::size_of::<T>() as u64 {
-            "its kernel reads it in 16-byte vectors"
+            format!("its kernel reads it in {align}-byte vectors")
         } else {
-            "the size of its element"
+            "the size of its element".to_string()
         };
         return Err(CapiError::new(
             AotStatus::Misaligned,
@@ -142,12 +164,25 @@ pub(crate) fn device_buffer<T>(
 /// Two buffers of one call must not share bytes: the kernels read one while writing the other
 /// (their pointers are `__restrict__`).
 pub(crate) fn disjoint<A, B>(a: &DeviceArg<A>, b: &DeviceArg<B>) -> Result<(), CapiError> {
-    let (a_end, b_end) = (a.ptr + a.bytes() as u64, b.ptr + b.bytes() as u64);
-    if a.ptr < b_end && b.ptr < a_end {
+    apart(a.extent(), b.extent())
+}
+
+fn apart((a_name, a, a_bytes): Extent, (b_name, b, b_bytes): Extent) -> Result<(), CapiError> {
+    if a < b + b_bytes as u64 && b < a + a_bytes as u64 {
         return Err(CapiError::invalid(format!(
-            "`{}` and `{}` overlap: the kernel reads one while it writes the other; pass separate buffers",
-            a.name, b.name
+            "`{a_name}` and `{b_name}` overlap: the kernel reads one while it writes the other; pass separate buffers"
         )));
+    }
+    Ok(())
+}
+
+/// [`disjoint`] for a call of many buffers: each one it writes shares no byte with any other; the
+/// ones it only reads may share bytes with each other.
+pub(crate) fn written_apart(written: &[Extent], read: &[Extent]) -> Result<(), CapiError> {
+    for (i, &w) in written.iter().enumerate() {
+        for &other in written[i + 1..].iter().chain(read) {
+            apart(w, other)?;
+        }
     }
     Ok(())
 }
@@ -237,6 +272,40 @@ mod tests {
         );
         let next = device_buffer::<bf16>("x", 0x1010, 8, &n, 2).unwrap();
         assert!(disjoint(&out, &next).is_ok());
+    }
+
+    #[test]
+    fn written_buffers_stay_apart_from_all_and_read_ones_may_share() {
+        let n = need(&[("hidden", 8)]).unwrap();
+        let buf = |name, ptr| device_buffer::<bf16>(name, ptr, 8, &n, 2).unwrap().extent();
+        let (q, k) = (buf("q_norm", 0x1000), buf("k_norm", 0x1000));
+        let (out, cache) = (buf("out", 0x2000), buf("cache", 0x3000));
+        assert!(written_apart(&[out, cache], &[q, k]).is_ok());
+        let e = written_apart(&[out, cache, buf("v_cache", 0x3008)], &[q]).unwrap_err();
+        assert!(
+            e.message.starts_with("`cache` and `v_cache` overlap"),
+            "{}",
+            e.message
+        );
+        let e = written_apart(&[cache], &[q, buf("positions", 0x300e)]).unwrap_err();
+        assert!(
+            e.message.starts_with("`cache` and `positions` overlap"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_part_lies_inside_its_buffer_under_its_name() {
+        let ws = device_buffer::<u8>("workspace", 0x1000, 64, &need(&[("bytes", 64)]).unwrap(), 8)
+            .unwrap();
+        let counters = ws.part::<u32>(48, 4).unwrap();
+        assert_eq!(
+            (counters.name, counters.ptr, counters.len),
+            ("workspace", 0x1030, 4)
+        );
+        assert!(ws.part::<u32>(52, 4).is_none());
+        assert!(ws.part::<f32>(usize::MAX, 1).is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use aot_kernels::dispatch::{
 };
 use cudarc::driver::sys;
 
-use crate::args::DeviceArg;
+use crate::args::{DeviceArg, Extent};
 use crate::driver::{self as raw, ContextLoan, RestoreCurrentContext};
 use crate::last_error::boundary;
 use crate::status::{AotStatus, CapiError};
@@ -143,8 +143,8 @@ pub(crate) unsafe fn backend_ref<'a>(
 }
 
 /// The bytes of a checked buffer, as [`AotBackend::launch`] checks them against the driver.
-pub(crate) fn span<T>(arg: &DeviceArg<T>) -> (&'static str, u64, usize) {
-    (arg.name, arg.ptr, arg.bytes())
+pub(crate) fn span<T>(arg: &DeviceArg<T>) -> Extent {
+    arg.extent()
 }
 
 fn create(

@@ -29,7 +29,7 @@ pub mod version;
 
 pub use args::AotDevicePtr;
 pub use backend::{AotBackend, AotPolicy, AOT_BACKEND_NO_POINTER_CHECK};
-pub use ops::AotSamplingParams;
+pub use ops::{AotAttentionDecode, AotSamplingParams};
 pub use status::AotStatus;
 pub use version::{
     AOT_KERNELS_ABI_VERSION, AOT_KERNELS_ABI_VERSION_MAJOR, AOT_KERNELS_ABI_VERSION_MINOR,

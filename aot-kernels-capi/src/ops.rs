@@ -5,6 +5,8 @@
 //! Lengths are in elements of the buffer's type. The stream is a `CUstream` of the backend's
 //! context (null: the legacy default stream). Launches are asynchronous, as in CUDA: the buffers
 //! must stay allocated until the stream has run them.
+//!
+//! Decode attention, with its struct of arguments and its workspace, is in [`attention`].
 
 use std::ffi::c_void;
 
@@ -18,6 +20,11 @@ use crate::backend::{backend_ref, span, AotBackend};
 use crate::borrow::Borrowed;
 use crate::last_error::boundary;
 use crate::status::{AotStatus, CapiError};
+
+mod attention;
+pub use attention::{
+    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, AotAttentionDecode,
+};
 
 /// bf16 and f32 buffers that kernels read one element at a time.
 const ALIGN_BF16: u64 = 2;
@@ -35,15 +42,21 @@ fn finite(name: &str, v: f32) -> Result<f32, CapiError> {
     Ok(v)
 }
 
+/// The epsilon of an RMSNorm: finite and not negative.
+fn norm_eps(name: &str, eps: f32) -> Result<f32, CapiError> {
+    if finite(name, eps)? < 0.0 {
+        return Err(CapiError::invalid(format!("`{name}` {eps} must be >= 0")));
+    }
+    Ok(eps)
+}
+
 fn rmsnorm_params(
     rows: usize,
     hidden: usize,
     eps: f32,
     weight_offset: f32,
 ) -> Result<rmsnorm::RmsNormParams, CapiError> {
-    if finite("eps", eps)? < 0.0 {
-        return Err(CapiError::invalid(format!("`eps` {eps} must be >= 0")));
-    }
+    let eps = norm_eps("eps", eps)?;
     Ok(rmsnorm::RmsNormParams {
         rows: positive("rows", rows)?,
         hidden: positive("hidden", hidden)?,

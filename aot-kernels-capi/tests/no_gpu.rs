@@ -10,15 +10,17 @@ use std::ffi::{c_char, CStr};
 use std::ptr::{null, null_mut};
 
 use aot_kernels::dispatch::driver::driver_present;
+use aot_kernels::ops::attention::attn_scratch_needs;
 use aot_kernels_capi::backend::{
     aot_backend_create, aot_backend_create_in_context, aot_backend_destroy,
 };
 use aot_kernels_capi::json::aot_plan_json_simulated;
 use aot_kernels_capi::last_error::aot_last_error_message;
 use aot_kernels_capi::ops::{
-    aot_gemv_bf16, aot_rmsnorm_bf16, aot_sample_tokens, aot_silu_and_mul_bf16,
+    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, aot_gemv_bf16,
+    aot_rmsnorm_bf16, aot_sample_tokens, aot_silu_and_mul_bf16,
 };
-use aot_kernels_capi::{AotBackend, AotSamplingParams, AotStatus};
+use aot_kernels_capi::{AotAttentionDecode, AotBackend, AotSamplingParams, AotStatus};
 
 fn last_error() -> String {
     // SAFETY: this thread's message, valid until its next call.
@@ -327,6 +329,265 @@ fn sample_tokens_names_null_params_and_each_parameter_array() {
             .starts_with("aot_sample_tokens: `params->temperature` is declared 1 elements long"),
         "{}",
         last_error()
+    );
+}
+
+/// A decode-attention launch whose every argument passes: 2 rows, 8 query heads over 2 KV heads of
+/// 128, 4 cache blocks a slot; each buffer at its own made-up address.
+fn attention_args() -> AotAttentionDecode {
+    let (m, q_heads, kv_heads, head_dim) = (2, 8, 2, 128);
+    let width = (q_heads + 2 * kv_heads) * head_dim;
+    let block = kv_heads * 16 * head_dim;
+    let mut workspace_bytes = 0;
+    // SAFETY: one writable size_t.
+    let status = unsafe {
+        aot_attention_decode_workspace_bytes(m, q_heads, kv_heads, head_dim, &mut workspace_bytes)
+    };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    let at = |i: u64| 0x7f00_0000_0000 + (i << 28);
+    AotAttentionDecode {
+        qkv: at(0),
+        qkv_len: m * width,
+        ld_qkv: width,
+        q_norm: at(1),
+        q_norm_len: head_dim,
+        k_norm: at(2),
+        k_norm_len: head_dim,
+        cos_sin: at(3),
+        cos_sin_len: 64 * head_dim,
+        max_pos: 64,
+        k_cache: at(4),
+        k_cache_len: 8 * block,
+        v_cache: at(5),
+        v_cache_len: 8 * block,
+        block_table: at(6),
+        block_table_len: 2 * 4,
+        ld_bt: 4,
+        slot_of_row: at(7),
+        slot_of_row_len: m,
+        positions: at(8),
+        positions_len: m,
+        out: at(9),
+        out_len: m * q_heads * head_dim,
+        workspace: at(10),
+        workspace_bytes,
+        m,
+        q_heads,
+        kv_heads,
+        head_dim,
+        eps: 1e-6,
+        weight_offset: 0.0,
+    }
+}
+
+/// The launch with `args` (null backend: only the argument checks run), its status and message.
+fn attention(args: *const AotAttentionDecode) -> (AotStatus, String) {
+    // SAFETY: `args` is null or one struct; no device pointer is used (null backend).
+    let status = unsafe { aot_attention_decode_bf16(null(), null_mut(), args) };
+    (status, last_error())
+}
+
+#[test]
+fn attention_decode_names_null_args_and_with_good_ones_the_null_backend() {
+    assert_eq!(
+        attention(null()),
+        (
+            AotStatus::NullArgument,
+            "aot_attention_decode_bf16: `args` is null".to_string()
+        )
+    );
+    assert_eq!(
+        attention(&attention_args()),
+        (
+            AotStatus::NullArgument,
+            "aot_attention_decode_bf16: `backend` is null".to_string()
+        )
+    );
+}
+
+#[test]
+fn attention_decode_names_a_null_a_misaligned_and_a_short_buffer() {
+    let good = attention_args();
+    let cases = [
+        (
+            AotAttentionDecode { qkv: 0, ..good },
+            AotStatus::NullArgument,
+            "aot_attention_decode_bf16: `args->qkv` is null",
+        ),
+        (
+            AotAttentionDecode { positions: 0, ..good },
+            AotStatus::NullArgument,
+            "aot_attention_decode_bf16: `args->positions` is null",
+        ),
+        (
+            AotAttentionDecode { k_cache: good.k_cache + 8, ..good },
+            AotStatus::Misaligned,
+            "aot_attention_decode_bf16: `args->k_cache` (0x7f0040000008) is not 16-byte aligned (its kernel reads it in 16-byte vectors)",
+        ),
+        (
+            AotAttentionDecode { cos_sin: good.cos_sin + 2, ..good },
+            AotStatus::Misaligned,
+            "aot_attention_decode_bf16: `args->cos_sin` (0x7f0030000002) is not 4-byte aligned (the size of its element)",
+        ),
+        (
+            AotAttentionDecode { out_len: good.out_len - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_attention_decode_bf16: `args->out` is declared 2047 elements long; the shape (m 2 x q_heads 8 x head_dim 128) needs 2048",
+        ),
+        (
+            AotAttentionDecode { qkv_len: 2 * 1536 - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_attention_decode_bf16: `args->qkv` is declared 3071 elements long",
+        ),
+        (
+            AotAttentionDecode { cos_sin_len: 63 * 128, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_attention_decode_bf16: `args->cos_sin` is declared 8064 elements long; the shape (max_pos 64 x head_dim 128) needs 8192",
+        ),
+    ];
+    for (args, status, text) in cases {
+        let (got, message) = attention(&args);
+        assert_eq!(got, status, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+#[test]
+fn attention_decode_names_a_head_dim_the_kernel_lacks_and_a_group_it_cannot_form() {
+    let good = attention_args();
+    let cases = [
+        (
+            AotAttentionDecode { head_dim: 96, ..good },
+            "aot_attention_decode_bf16: `args->head_dim` 96: the kernel is built for 64, 128 and 256",
+        ),
+        (
+            AotAttentionDecode { q_heads: 7, ..good },
+            "aot_attention_decode_bf16: `args->q_heads` 7 over `args->kv_heads` 2: each KV head serves 1..=8 query heads",
+        ),
+        (
+            AotAttentionDecode { q_heads: 18, ..good },
+            "aot_attention_decode_bf16: `args->q_heads` 18 over `args->kv_heads` 2",
+        ),
+        (
+            AotAttentionDecode { m: 0, ..good },
+            "aot_attention_decode_bf16: `args->m` 0 must be 1..=65535",
+        ),
+        (
+            AotAttentionDecode { ld_qkv: 1535, ..good },
+            "aot_attention_decode_bf16: `args->ld_qkv` 1535 is below the row width",
+        ),
+        (
+            AotAttentionDecode { eps: -1.0, ..good },
+            "aot_attention_decode_bf16: `args->eps` -1 must be >= 0",
+        ),
+    ];
+    for (args, text) in cases {
+        let (got, message) = attention(&args);
+        assert_eq!(got, AotStatus::InvalidArgument, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+#[test]
+fn attention_decode_names_a_workspace_too_small_or_not_8_byte_aligned() {
+    let good = attention_args();
+    let (status, message) = attention(&AotAttentionDecode {
+        workspace_bytes: good.workspace_bytes - 1,
+        ..good
+    });
+    assert_eq!(status, AotStatus::DeviceBufferTooSmall, "{message}");
+    assert_eq!(
+        message,
+        format!(
+            "aot_attention_decode_bf16: `args->workspace` is declared {} elements long; the shape (aot_attention_decode_workspace_bytes of m 2, q_heads 8, kv_heads 2, head_dim 128) needs {}",
+            good.workspace_bytes - 1,
+            good.workspace_bytes
+        )
+    );
+    let (status, message) = attention(&AotAttentionDecode {
+        workspace: good.workspace + 4,
+        ..good
+    });
+    assert_eq!(status, AotStatus::Misaligned, "{message}");
+    assert!(
+        message.contains("`args->workspace` (0x7f00a0000004) is not 8-byte aligned (its kernel reads it in 8-byte vectors)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn attention_decode_names_a_written_buffer_overlapping_another() {
+    let good = attention_args();
+    let cases = [
+        (
+            AotAttentionDecode {
+                out: good.qkv + 64,
+                ..good
+            },
+            "`args->out` and `args->qkv` overlap",
+        ),
+        (
+            AotAttentionDecode {
+                v_cache: good.k_cache + 4096,
+                ..good
+            },
+            "`args->k_cache` and `args->v_cache` overlap",
+        ),
+        (
+            AotAttentionDecode {
+                workspace: good.block_table,
+                ..good
+            },
+            "`args->workspace` and `args->block_table` overlap",
+        ),
+    ];
+    for (args, text) in cases {
+        let (got, message) = attention(&args);
+        assert_eq!(got, AotStatus::InvalidArgument, "{message}");
+        assert!(message.contains(text), "{message} (want {text})");
+    }
+    // Buffers it only reads may share bytes: one norm weight for queries and keys.
+    let shared = AotAttentionDecode {
+        k_norm: good.q_norm,
+        ..good
+    };
+    assert_eq!(
+        attention(&shared).1,
+        "aot_attention_decode_bf16: `backend` is null"
+    );
+}
+
+#[test]
+fn attention_workspace_bytes_is_the_backends_scratch_and_names_bad_heads_and_a_null_out() {
+    let mut bytes = 0usize;
+    // SAFETY: one writable size_t.
+    let status = unsafe { aot_attention_decode_workspace_bytes(8, 32, 8, 128, &mut bytes) };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    let (ml, o, counters) = attn_scratch_needs(8, 32, 8, 128);
+    assert_eq!(bytes, 4 * (ml + o + counters));
+
+    // SAFETY: as above.
+    let status = unsafe { aot_attention_decode_workspace_bytes(8, 32, 8, 80, &mut bytes) };
+    assert_eq!(status, AotStatus::InvalidArgument);
+    assert_eq!(
+        last_error(),
+        "aot_attention_decode_workspace_bytes: `head_dim` 80: the kernel is built for 64, 128 and 256"
+    );
+    // SAFETY: as above.
+    let status = unsafe { aot_attention_decode_workspace_bytes(8, 12, 8, 128, &mut bytes) };
+    assert_eq!(status, AotStatus::InvalidArgument);
+    assert!(
+        last_error()
+            .starts_with("aot_attention_decode_workspace_bytes: `q_heads` 12 over `kv_heads` 8"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: a null `bytes` is refused.
+    let status = unsafe { aot_attention_decode_workspace_bytes(8, 32, 8, 128, null_mut()) };
+    assert_eq!(status, AotStatus::NullArgument);
+    assert_eq!(
+        last_error(),
+        "aot_attention_decode_workspace_bytes: `bytes` is null"
     );
 }
 

@@ -32,6 +32,7 @@ class CudaDriver {
             load(stream_synchronize, "cuStreamSynchronize");
             load(mem_alloc, "cuMemAlloc_v2");
             load(mem_free, "cuMemFree_v2");
+            load(memset_d8, "cuMemsetD8_v2");
             load(memcpy_htod, "cuMemcpyHtoD_v2");
             load(memcpy_dtoh, "cuMemcpyDtoH_v2");
             load(get_error_name, "cuGetErrorName");
@@ -69,6 +70,7 @@ class CudaDriver {
     CUresult (*stream_synchronize)(CUstream) = nullptr;
     CUresult (*mem_alloc)(CUdeviceptr*, size_t) = nullptr;
     CUresult (*mem_free)(CUdeviceptr) = nullptr;
+    CUresult (*memset_d8)(CUdeviceptr, unsigned char, size_t) = nullptr;
     CUresult (*memcpy_htod)(CUdeviceptr, const void*, size_t) = nullptr;
     CUresult (*memcpy_dtoh)(void*, CUdeviceptr, size_t) = nullptr;
     CUresult (*get_error_name)(CUresult, const char**) = nullptr;

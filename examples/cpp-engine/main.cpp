@@ -1,13 +1,15 @@
 // A C++ engine using aot-kernels through its C ABI (aot_kernels.h, libaot_kernels_capi.a): it
 // makes its own CUDA context and stream, creates a backend in that context, launches RMSNorm,
-// fused add + RMSNorm, GEMV (bf16 and f32 out), SiLU-and-mul, embedding and sampling on its
-// stream, and checks each against a CPU reference of its own.
+// fused add + RMSNorm, GEMV (bf16 and f32 out), SiLU-and-mul, embedding, sampling and decode
+// attention over a paged KV cache on its stream, and checks each against a CPU reference of its own.
 //
 //   cpp-engine [--rows R] [--hidden H] [--vocab V] [--seed S] [--device N]
 //
 // Exit codes: 0 every check passed; 1 a check failed (or the GPU reported an error); 2 bad
 // arguments (the message names the argument); 3 no CUDA driver or device (the argument checks
 // and the simulated plan, which need no GPU, ran and passed first).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -95,6 +97,10 @@ void check_without_gpu() {
                   AOT_STATUS_MISALIGNED, "`x` (0x7f0000000008) is not 16-byte aligned");
     expect_status(aot_sample_tokens(nullptr, nullptr, out, 1, x, 1000, 1, 1000, 1000, nullptr),
                   AOT_STATUS_NULL_ARGUMENT, "`params` is null");
+    expect_status(aot_attention_decode_bf16(nullptr, nullptr, nullptr), AOT_STATUS_NULL_ARGUMENT, "`args` is null");
+    size_t workspace = 0;
+    expect_status(aot_attention_decode_workspace_bytes(2, 8, 2, 96, &workspace), AOT_STATUS_INVALID_ARGUMENT,
+                  "`head_dim` 96: the kernel is built for 64, 128 and 256");
     expect_status(aot_rmsnorm_bf16(nullptr, nullptr, out, 256, x, 256, w, 64, 4, 64, 1e-6f, 0.0f),
                   AOT_STATUS_NULL_ARGUMENT, "`backend` is null");
 
@@ -157,6 +163,140 @@ CUdevice device_of(const CudaDriver& cu, const Args& a) {
     CUdevice device;
     cu.check(cu.device_get(&device, a.device), "cuDeviceGet");
     return device;
+}
+
+// Decode attention as an engine runs it: two sequences (slots 1 and 0 of a shuffled block table)
+// decoded for kSteps positions, one launch a step, each writing its new key and value into the
+// paged cache. Then every cached key against q/k-norm + RoPE of its token, every value exact, and
+// the last step's output against float64 attention over the cache.
+void check_attention(const CudaDriver& cu, AotBackend* backend, CUstream stream, std::mt19937_64& rng) {
+    constexpr size_t kRows = 2, kQHeads = 8, kKvHeads = 2, kDim = 128, kBlock = 16;
+    // 300 tokens: the last step's context takes two splits, merged through the workspace.
+    constexpr size_t kSteps = 300;
+    constexpr size_t kLdBt = (kSteps + kBlock - 1) / kBlock, kMaxPos = kLdBt * kBlock;
+    constexpr size_t kWidth = (kQHeads + 2 * kKvHeads) * kDim, kBlockElems = kKvHeads * kBlock * kDim;
+    const float eps = 1e-6f;
+    const int slots[kRows] = {1, 0};
+
+    const auto qkv = random_bf16(rng, kSteps * kRows * kWidth, 2.0f);  // [step][row][q | k | v]
+    const auto q_norm = random_bf16(rng, kDim, 1.2f), k_norm = random_bf16(rng, kDim, 1.2f);
+    const auto cos_sin = cos_sin_table(kMaxPos, kDim, 1e6);
+    std::vector<int> table(kRows * kLdBt), positions(kSteps * kRows);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int>(i);
+    std::shuffle(table.begin(), table.end(), rng);
+    for (size_t t = 0; t < kSteps; ++t)
+        for (size_t r = 0; r < kRows; ++r) positions[t * kRows + r] = static_cast<int>(t);
+
+    size_t workspace_bytes = 0;
+    require(aot_attention_decode_workspace_bytes(kRows, kQHeads, kKvHeads, kDim, &workspace_bytes),
+            "aot_attention_decode_workspace_bytes");
+    DeviceBuffer d_qkv(cu, qkv.size() * 2), d_qn(cu, kDim * 2), d_kn(cu, kDim * 2), d_cs(cu, cos_sin.size() * 4),
+        d_kc(cu, table.size() * kBlockElems * 2), d_vc(cu, table.size() * kBlockElems * 2), d_table(cu, table.size() * 4),
+        d_slots(cu, kRows * 4), d_pos(cu, positions.size() * 4), d_out(cu, kRows * kQHeads * kDim * 2),
+        d_ws(cu, workspace_bytes);
+    d_qkv.upload(qkv);
+    d_qn.upload(q_norm);
+    d_kn.upload(k_norm);
+    d_cs.upload(cos_sin);
+    d_table.upload(table);
+    d_slots.upload(std::vector<int>(slots, slots + kRows));
+    d_pos.upload(positions);
+    // The workspace is zeroed once; the caches start as NaN (0xffff): a position not yet written
+    // must never reach a result.
+    cu.check(cu.memset_d8(d_ws.ptr, 0, workspace_bytes), "cuMemsetD8 (workspace)");
+    cu.check(cu.memset_d8(d_kc.ptr, 0xff, d_kc.bytes), "cuMemsetD8 (k cache)");
+    cu.check(cu.memset_d8(d_vc.ptr, 0xff, d_vc.bytes), "cuMemsetD8 (v cache)");
+
+    for (size_t t = 0; t < kSteps; ++t) {
+        AotAttentionDecode args{};
+        args.qkv = d_qkv.ptr + t * kRows * kWidth * 2;
+        args.qkv_len = kRows * kWidth;
+        args.ld_qkv = kWidth;
+        args.q_norm = d_qn.ptr;
+        args.q_norm_len = kDim;
+        args.k_norm = d_kn.ptr;
+        args.k_norm_len = kDim;
+        args.cos_sin = d_cs.ptr;
+        args.cos_sin_len = len_of<float>(d_cs);
+        args.max_pos = kMaxPos;
+        args.k_cache = d_kc.ptr;
+        args.k_cache_len = len_of<bf16>(d_kc);
+        args.v_cache = d_vc.ptr;
+        args.v_cache_len = len_of<bf16>(d_vc);
+        args.block_table = d_table.ptr;
+        args.block_table_len = table.size();
+        args.ld_bt = kLdBt;
+        args.slot_of_row = d_slots.ptr;
+        args.slot_of_row_len = kRows;
+        args.positions = d_pos.ptr + t * kRows * 4;
+        args.positions_len = kRows;
+        args.out = d_out.ptr;
+        args.out_len = len_of<bf16>(d_out);
+        args.workspace = d_ws.ptr;
+        args.workspace_bytes = workspace_bytes;
+        args.m = kRows;
+        args.q_heads = kQHeads;
+        args.kv_heads = kKvHeads;
+        args.head_dim = kDim;
+        args.eps = eps;
+        args.weight_offset = 0.0f;
+        require(aot_attention_decode_bf16(backend, stream, &args), "aot_attention_decode_bf16");
+    }
+    cu.check(cu.stream_synchronize(stream), "cuStreamSynchronize");
+    const auto kc = d_kc.download<bf16>(len_of<bf16>(d_kc)), vc = d_vc.download<bf16>(len_of<bf16>(d_vc));
+    const auto out = d_out.download<bf16>(len_of<bf16>(d_out));
+
+    // Where position t of row r's sequence lives in a cache, at KV head kv.
+    auto at = [&](size_t r, size_t t, size_t kv) {
+        const size_t blk = static_cast<size_t>(table[static_cast<size_t>(slots[r]) * kLdBt + t / kBlock]);
+        return ((blk * kKvHeads + kv) * kBlock + t % kBlock) * kDim;
+    };
+    auto raw = [&](size_t t, size_t r, size_t head) { return &qkv[(t * kRows + r) * kWidth + head * kDim]; };
+    // A key within 2 ulps, or 2e-2 where the rotation cancels (an ulp of a rotated operand near 1
+    // is 2^-7, and two of them may move a small result that far).
+    bool keys_close = true, values_equal = true;
+    for (size_t r = 0; r < kRows; ++r)
+        for (size_t t = 0; t < kSteps; ++t)
+            for (size_t kv = 0; kv < kKvHeads; ++kv) {
+                const auto key = norm_rope_ref(raw(t, r, kQHeads + kv), k_norm.data(), &cos_sin[t * kDim], kDim, eps, 0.0f);
+                const bf16* value = raw(t, r, kQHeads + kKvHeads + kv);
+                for (size_t i = 0; i < kDim; ++i) {
+                    const bf16 k = kc[at(r, t, kv) + i];
+                    keys_close &= ulps(k, key[i]) <= kMaxUlps || std::fabs(to_f32(k) - to_f32(key[i])) <= 2e-2f;
+                    values_equal &= vc[at(r, t, kv) + i] == value[i];
+                }
+            }
+    expect(keys_close && values_equal, "attention_decode cache: " + std::to_string(kSteps) +
+                                           " positions of 2 sequences, keys within 2 ulp of q/k-norm + RoPE, "
+                                           "values exact");
+
+    // The last step's output: the reference query, the keys and values the kernel cached. The
+    // kernel multiplies V by probabilities rounded to bf16 (2^-8 of the largest |v| at most) and
+    // rounds the output once (2^-8 of it at most); 2e-3 covers fp32 against float64.
+    const size_t last = kSteps - 1;
+    double worst = 0;
+    for (size_t r = 0; r < kRows; ++r) {
+        std::vector<bf16> q, keys, values;
+        for (size_t h = 0; h < kQHeads; ++h) {
+            const auto head = norm_rope_ref(raw(last, r, h), q_norm.data(), &cos_sin[last * kDim], kDim, eps, 0.0f);
+            q.insert(q.end(), head.begin(), head.end());
+        }
+        double v_max[kKvHeads] = {0, 0};
+        for (size_t t = 0; t <= last; ++t)
+            for (size_t kv = 0; kv < kKvHeads; ++kv) {
+                keys.insert(keys.end(), &kc[at(r, t, kv)], &kc[at(r, t, kv)] + kDim);
+                values.insert(values.end(), &vc[at(r, t, kv)], &vc[at(r, t, kv)] + kDim);
+                for (size_t i = 0; i < kDim; ++i)
+                    v_max[kv] = std::max(v_max[kv], std::fabs(static_cast<double>(to_f32(vc[at(r, t, kv) + i]))));
+            }
+        const auto want = attention_ref(q, keys, values, last + 1, kQHeads, kKvHeads, kDim);
+        for (size_t i = 0; i < want.size(); ++i) {
+            const double bound = std::ldexp(std::fabs(want[i]), -7) + std::ldexp(v_max[i / kDim / (kQHeads / kKvHeads)], -8) + 2e-3;
+            worst = std::max(worst, std::fabs(to_f32(out[r * kQHeads * kDim + i]) - want[i]) / bound);
+        }
+    }
+    expect(worst <= 1.0, "attention_decode output at position " + std::to_string(last) +
+                             " (two splits): error at most " + std::to_string(worst) + " of its bound");
 }
 
 // The GPU checks, on the example's context and stream.
@@ -300,6 +440,8 @@ void check_on_gpu(const CudaDriver& cu, const Args& a, CUcontext ctx, CUstream s
         ssq_close &= std::fabs(ssq[r] - s) <= 1e-5 * s + 1e-12;
     }
     expect(rows_equal && ssq_close, "embedding: the table's rows exactly, sums of squares within 1e-5");
+
+    check_attention(cu, backend, stream, rng);
 
     // Hostile pointers on a real backend: a host address, and a length past the allocation.
     std::vector<bf16> host(rows * hidden);

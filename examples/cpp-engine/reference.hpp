@@ -2,6 +2,7 @@
 // math, one bf16 rounding per stored value), and the bf16 helpers they need.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,4 +90,67 @@ inline int argmax_ref(const float* row, size_t vocab) {
     for (size_t i = 1; i < vocab; ++i)
         if (logit_key(row[i]) > logit_key(row[best])) best = i;
     return static_cast<int>(best);
+}
+
+// The rotary table decode attention reads, [max_pos][d]: per position p, cos(p f_i) for the d / 2
+// frequencies f_i = theta^(-2i / d), then sin(p f_i); computed in double, stored as float.
+inline std::vector<float> cos_sin_table(size_t max_pos, size_t d, double theta) {
+    std::vector<float> table(max_pos * d);
+    for (size_t p = 0; p < max_pos; ++p)
+        for (size_t i = 0; i < d / 2; ++i) {
+            const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / d);
+            table[p * d + i] = static_cast<float>(std::cos(angle));
+            table[p * d + d / 2 + i] = static_cast<float>(std::sin(angle));
+        }
+    return table;
+}
+
+// One head of the new token (`d` values at `x`) through RMSNorm with weights `w` (+ `offset`) and
+// NeoX RoPE from the table row `cs`: x_i pairs with x_{i + d/2}. Rounded to bf16 where the kernel
+// stores: the normalised value, its product with the weight, the rotated value.
+inline std::vector<bf16> norm_rope_ref(const bf16* x, const bf16* w, const float* cs, size_t d, float eps,
+                                       float offset) {
+    double ssq = 0;
+    for (size_t i = 0; i < d; ++i) ssq += std::pow(static_cast<double>(to_f32(x[i])), 2);
+    const double scale = 1.0 / std::sqrt(ssq / static_cast<double>(d) + eps);
+    std::vector<double> n(d);
+    for (size_t i = 0; i < d; ++i) {
+        const float normed = to_f32(to_bf16(static_cast<float>(to_f32(x[i]) * scale)));
+        n[i] = to_f32(to_bf16((to_f32(w[i]) + offset) * normed));
+    }
+    std::vector<bf16> out(d);
+    const size_t half = d / 2;
+    for (size_t i = 0; i < half; ++i) {
+        const double c = cs[i], s = cs[i + half];
+        out[i] = to_bf16(static_cast<float>(n[i] * c - n[i + half] * s));
+        out[i + half] = to_bf16(static_cast<float>(n[i + half] * c + n[i] * s));
+    }
+    return out;
+}
+
+// softmax(q k / sqrt(d)) v for one row in double, unrounded: `q` is [q_heads][d], `keys` and
+// `values` [ctx][kv_heads][d]; query head h reads KV head h / (q_heads / kv_heads).
+inline std::vector<double> attention_ref(const std::vector<bf16>& q, const std::vector<bf16>& keys,
+                                         const std::vector<bf16>& values, size_t ctx, size_t q_heads,
+                                         size_t kv_heads, size_t d) {
+    const size_t group = q_heads / kv_heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<double> out(q_heads * d, 0.0), score(ctx);
+    for (size_t h = 0; h < q_heads; ++h) {
+        const size_t kv = h / group;
+        double max = -INFINITY;
+        for (size_t t = 0; t < ctx; ++t) {
+            double s = 0;
+            for (size_t i = 0; i < d; ++i)
+                s += static_cast<double>(to_f32(q[h * d + i])) * to_f32(keys[(t * kv_heads + kv) * d + i]);
+            score[t] = s * scale;
+            max = std::max(max, score[t]);
+        }
+        double total = 0;
+        for (size_t t = 0; t < ctx; ++t) total += score[t] = std::exp(score[t] - max);
+        for (size_t t = 0; t < ctx; ++t)
+            for (size_t i = 0; i < d; ++i)
+                out[h * d + i] += score[t] / total * to_f32(values[(t * kv_heads + kv) * d + i]);
+    }
+    return out;
 }
