@@ -17,6 +17,7 @@ pub mod kv_cache;
 pub mod launch;
 pub mod moe;
 pub mod output_gate;
+pub mod persistent;
 pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;
@@ -40,6 +41,7 @@ const LAUNCHED: &[&[(&str, &str)]] = &[
     init::LAUNCHED,
     moe::LAUNCHED,
     output_gate::LAUNCHED,
+    persistent::LAUNCHED,
     qk_norm_rope::LAUNCHED,
     rmsnorm::LAUNCHED,
     rotary::LAUNCHED,

@@ -1,0 +1,276 @@
+//! Issue 32's first measurement: what the persistent execution model buys on this GPU, before the
+//! whole decode step moves to it. Streams every projection of a dense Qwen3 step (Qwen3-4B's shapes
+//! by default: 36 layers of qkv, o, gate_up and down, then lm_head; about 8 GB of bf16 weights) as
+//! a chain of GEMVs, each reading what the one before it wrote, in three ways:
+//!
+//! - `persistent`: one launch, one block per SM, counters between the ops, each block's weight
+//!   stream running ahead of the waits (`aot_kernels::ops::persistent`);
+//! - `persistent, 16-row tiles`: the same with the narrow ops (o, down) in 16-row tiles;
+//! - `launches`: the same kernel launched once per op (the launch-per-op execution model);
+//!
+//! and reads the same number of bytes with the streaming reader of the bench (the limit). Prints
+//! the median of `--runs` steps of each, in microseconds, GB/s and percent of the limit, at 1 and
+//! 8 token rows, and checks that the persistent launch and the launches give equal bits.
+//!
+//!     cargo run --release --example persistent_probe -- [--layers 36] [--runs 20] [--blocks N]
+
+use std::time::Instant;
+
+use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
+use aot_kernels::ops::init::fill_uniform_bf16;
+use aot_kernels::ops::persistent::{schedule, GemvBinding, GemvNode, PersistentStep};
+use aot_kernels::ops::stream_read::{stream_read, Reader};
+use aot_kernels::ops::{dev, dev_mut};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+struct Args {
+    layers: usize,
+    runs: usize,
+    blocks: Option<usize>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        layers: 36,
+        runs: 20,
+        blocks: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || -> Result<usize, String> {
+            let v = it.next().ok_or(format!("{flag} needs a value"))?;
+            v.parse().map_err(|_| format!("{flag} {v}: not a number"))
+        };
+        match flag.as_str() {
+            "--layers" => a.layers = value()?,
+            "--runs" => a.runs = value()?,
+            "--blocks" => a.blocks = Some(value()?),
+            _ => {
+                return Err(format!(
+                    "unknown argument `{flag}` (use --layers, --runs, --blocks)"
+                ))
+            }
+        }
+    }
+    if a.layers == 0 || a.runs == 0 {
+        return Err("--layers and --runs must be positive".into());
+    }
+    Ok(a)
+}
+
+/// Qwen3-4B's projections, layer by layer, then lm_head; `narrow_rows` for o and down.
+fn qwen3_4b_chain(layers: usize, narrow_rows: usize) -> Vec<GemvNode> {
+    let (h, q, kv, inter, vocab) = (2560, 4096, 1024, 9728, 151936);
+    let mut ops: Vec<GemvNode> = Vec::new();
+    let push = |ops: &mut Vec<GemvNode>, n, k, tile_rows| {
+        let after = ops.len().checked_sub(1);
+        ops.push(GemvNode {
+            n,
+            k,
+            tile_rows,
+            after,
+        });
+    };
+    for _ in 0..layers {
+        push(&mut ops, q + 2 * kv, h, 16);
+        push(&mut ops, h, q, narrow_rows);
+        push(&mut ops, 2 * inter, h, 16);
+        push(&mut ops, h, inter, narrow_rows);
+    }
+    push(&mut ops, vocab, h, 16);
+    ops
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median milliseconds of `runs` calls of `f` (after two warm-ups), each timed by CUDA events.
+fn time(
+    kernels: &LoadedKernels,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let s = kernels.stream();
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut ms = Vec::with_capacity(runs);
+    for i in 0..runs + 2 {
+        let a = s.record_event(flags).map_err(|e| e.to_string())?;
+        f()?;
+        let b = s.record_event(flags).map_err(|e| e.to_string())?;
+        b.synchronize().map_err(|e| e.to_string())?;
+        if i >= 2 {
+            ms.push(f64::from(a.elapsed_ms(&b).map_err(|e| e.to_string())?));
+        }
+    }
+    Ok(median(ms))
+}
+
+fn run() -> Result<(), String> {
+    let a = args()?;
+    let started = Instant::now();
+    let d = open_device(0).map_err(|e| format!("no GPU: {e}"))?;
+    let kernels =
+        load_available(&d, Policy::Auto, &ModuleSource::registry()).map_err(|e| e.to_string())?;
+    let s = kernels.stream().clone();
+    let sms = kernels.sm_count();
+    let blocks = a.blocks.unwrap_or(sms);
+    let ops = qwen3_4b_chain(a.layers, 8);
+    let weight_bytes: usize = ops.iter().map(|o| o.n * o.k * 2).sum();
+    println!(
+        "capability {} ({sms} SMs), {} ops over {} layers + lm_head, {:.2} GB of weights, {blocks} blocks",
+        kernels.device().capability,
+        ops.len(),
+        a.layers,
+        weight_bytes as f64 / 1e9
+    );
+    let e = |e: aot_kernels::ops::OpsError| e.to_string();
+    let d_err = |e: cudarc::driver::DriverError| e.to_string();
+    let mut w: Vec<CudaSlice<bf16>> = Vec::with_capacity(ops.len());
+    for (j, op) in ops.iter().enumerate() {
+        let mut buf = s.alloc_zeros::<bf16>(op.n * op.k).map_err(d_err)?;
+        let scale = (3.0 / op.k as f32).sqrt();
+        fill_uniform_bf16(
+            &kernels,
+            dev_mut(&kernels, &mut buf),
+            op.n * op.k,
+            7,
+            j as u64,
+            scale,
+            0.0,
+        )
+        .map_err(e)?;
+        w.push(buf);
+    }
+    // The limit: the streaming readers over the same number of bytes, the faster of the two.
+    let words = weight_bytes / 4 / 4 * 4;
+    let limit_gbs = {
+        let data = s.alloc_zeros::<u32>(words).map_err(d_err)?;
+        let mut best = 0.0f64;
+        for reader in Reader::ALL {
+            let mut xor = s.alloc_zeros::<u32>(reader.blocks(sms)).map_err(d_err)?;
+            let ms = time(&kernels, a.runs, || {
+                stream_read(
+                    &kernels,
+                    reader,
+                    dev(&kernels, &data),
+                    dev_mut(&kernels, &mut xor),
+                )
+                .map_err(e)
+            })?;
+            let gbs = (words * 4) as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "limit: {} reads {:.2} GB in {:.1} us = {gbs:.0} GB/s",
+                reader.entry(),
+                (words * 4) as f64 / 1e9,
+                ms * 1e3
+            );
+            best = best.max(gbs);
+        }
+        best
+    };
+    for m in [1usize, 8] {
+        let x0 = {
+            let mut x = s.alloc_zeros::<bf16>(m * ops[0].k).map_err(d_err)?;
+            fill_uniform_bf16(
+                &kernels,
+                dev_mut(&kernels, &mut x),
+                m * ops[0].k,
+                9,
+                0,
+                1.0,
+                0.0,
+            )
+            .map_err(e)?;
+            x
+        };
+        let outs: Vec<CudaSlice<bf16>> = ops
+            .iter()
+            .map(|o| s.alloc_zeros::<bf16>(m * o.n))
+            .collect::<Result<_, _>>()
+            .map_err(d_err)?;
+        let bind = |j: usize| GemvBinding {
+            w: dev(&kernels, &w[j]),
+            x: if j == 0 {
+                dev(&kernels, &x0)
+            } else {
+                dev(&kernels, &outs[j - 1])
+            },
+            out: dev(&kernels, &outs[j]),
+            m,
+            ld_x: if j == 0 { ops[0].k } else { ops[j - 1].n },
+            ld_out: ops[j].n,
+        };
+        let report = |name: &str, ms: f64| {
+            let gbs = weight_bytes as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "m {m}: {name:<34} {:>8.1} us  {gbs:>5.0} GB/s  {:>5.1}% of the limit",
+                ms * 1e3,
+                100.0 * gbs / limit_gbs
+            );
+        };
+        let mut results = Vec::new();
+        for (name, narrow) in [
+            ("persistent (8-row narrow tiles)", 8),
+            ("persistent (16-row tiles)", 16),
+        ] {
+            let chain: Vec<GemvNode> = qwen3_4b_chain(a.layers, narrow);
+            let sched = schedule(&chain, blocks).map_err(e)?;
+            let mut step = PersistentStep::new(
+                &kernels,
+                &chain,
+                &sched,
+                (0..chain.len()).map(bind).collect(),
+            )
+            .map_err(e)?;
+            let ms = time(&kernels, a.runs, || step.launch(&kernels).map_err(e))?;
+            report(name, ms);
+            results.push(
+                outs.last()
+                    .map(|o| s.clone_dtoh(o))
+                    .transpose()
+                    .map_err(d_err)?,
+            );
+        }
+        let mut steps = Vec::new();
+        for (j, op) in ops.iter().enumerate() {
+            let node = GemvNode { after: None, ..*op };
+            let sched = schedule(&[node], sms).map_err(e)?;
+            steps.push(PersistentStep::new(&kernels, &[node], &sched, vec![bind(j)]).map_err(e)?);
+        }
+        let ms = time(&kernels, a.runs, || {
+            steps
+                .iter_mut()
+                .try_for_each(|st| st.launch(&kernels))
+                .map_err(e)
+        })?;
+        report(&format!("launches ({} of them)", ops.len()), ms);
+        let per_op = outs
+            .last()
+            .map(|o| s.clone_dtoh(o))
+            .transpose()
+            .map_err(d_err)?;
+        // The launches use the first schedule's tiles (8-row narrow ones); tile rows are part of
+        // the sum order, so only that one must give their bits.
+        let equal = results[0] == per_op;
+        println!(
+            "m {m}: lm_head output of the persistent launch (8-row narrow tiles) and of the launches: {}",
+            if equal { "equal bits" } else { "DIFFERENT" }
+        );
+        if !equal {
+            return Err("the persistent step and the launches disagree".into());
+        }
+    }
+    println!("done in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("persistent_probe: {e}");
+        std::process::exit(1);
+    }
+}
