@@ -10,10 +10,14 @@
 //   kGemvTile  `rows` (8 or 16) output rows of a GEMV op, all of K:
 //              out[t][r] = bf16(sum_k w[r][k] * x[t][k]) for the op's m (1..8) token rows.
 //
-// A tile's sum is fixed by its rows (8 or 16: part of the schedule's numeric contract) and K alone
-// (never by the block that runs it, the block count or timing): stage by stage in K order, within a stage each lane's vectors in order, then the
-// lanes by a butterfly. So a schedule over 132, 20 or 16 blocks, and one launch per op, give the
-// same bits.
+// The math runs on the tensor cores (mma.m16n8k16, as the decode GEMV: aot_mma.cuh). A tile's sum
+// is fixed by its rows (8 or 16: part of the schedule's numeric contract) and K alone, never by the
+// block that runs it, the block count or timing: each warp sums its chunks of every slot in K
+// order, then warp 0 adds the warps in order. So a schedule over 132, 20 or 16 blocks, and one
+// launch per op, give the same bits. (Not the launch-per-op GEMV's bits: its narrow tiles give each
+// warp a contiguous slice of K.)
+//
+// Shared memory: the ring, then xs (the current task's x), then 4 KiB for the warps' fragments.
 //
 // Counters only grow: a launch of epoch e waits for `e * per_launch[c] + count`, so no launch
 // needs them reset (the comparison is wrap-safe).
@@ -30,7 +34,6 @@
 namespace aot_persistent {
 
 constexpr int kThreads = 256;
-constexpr int kMaxTokens = 8;
 constexpr int kStageBytes = 16384;
 
 enum Kind : unsigned { kGemvTile = 1 };
@@ -63,7 +66,9 @@ struct StepParams {
     unsigned* counters;
     const unsigned* per_launch;   // [counters]: adds one launch makes to each counter
     unsigned epoch;               // launches before this one (with these counters)
-    int stages;                   // ring slots, 3..12, as many as the SM's shared memory admits (stages * kStageBytes)
+    int stages;                   // ring slots, 3..12, as many as the SM's shared memory admits
+    int x_vectors;                // 16-byte vectors of xs (the largest task's x, [m][k] bf16)
+    int pad_;
 };
 
 // Waits until at most `n` (0..10) groups are pending; wait_group takes a constant.
@@ -154,8 +159,12 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
         issue(fetch, p.tasks, p.ops, ring + s * kSlot);
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
     }
-    // Four independent sums a lane: (row, vector) pairs, so that the FMA chains overlap.
-    float acc[4][kMaxTokens];
+    // A lane's share of the tile on the tensor cores: the mma's C fragment (rows g and g + 8,
+    // tokens 2t and 2t + 1), summed over this warp's chunks of every slot in K order.
+    const int g = lane >> 2, tq = lane & 3;
+    float acc[4];
+    // Behind xs: every warp's fragment at the end of a tile, added in warp order.
+    float4* red = reinterpret_cast<float4*>(ring + stages * (kStageBytes / 16) + p.x_vectors);
     int slot = 0;
     while (math.task < math.end) {
         const Task t = p.tasks[math.task];
@@ -175,9 +184,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
                     __ldcg(reinterpret_cast<const uint4*>(op.x + static_cast<int64_t>(q) * op.ld_x) + v);
             }
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-#pragma unroll
-                for (int q = 0; q < kMaxTokens; ++q) acc[c][q] = 0.0f;
+            for (int c = 0; c < 4; ++c) acc[c] = 0.0f;
         }
         // This slot's copies are done (stages - 2 newer groups may still be in flight), and every
         // thread is past the math of the slot about to be refilled; the barrier also publishes xs.
@@ -186,74 +193,56 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
         issue(fetch, p.tasks, p.ops, ring + ((slot + stages - 1) % stages) * kSlot);
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
 
-        // The math of this slot: a 16-row tile gives each warp rows 2w and 2w + 1, an 8-row tile
-        // row w; either way each lane takes four 8-element vectors of the slot in order.
-        const int kc = stage_cols(t.rows);
-        const int vec_per_row = kc / 8;
-        const int k0 = math.stage * kc;
-        const int my_rows = t.rows == 16 ? 2 : 1;
+        // The math of this slot: `rows` rows of kc columns in 32-column chunks; warp w takes chunks
+        // [w * per, (w + 1) * per) of the slot (per: 2 for 16-row tiles, 4 for 8-row ones, whose
+        // rows g + 8 are zeros). Each lane feeds the 8 elements it loads to both k16 steps of a
+        // chunk, x the same 8 positions of token g (aot_mma.cuh says why any such order is fine).
+        const bool two = t.rows == 16;
+        const int vec_per_row = two ? 64 : 128;
+        const int per = two ? 2 : 4;
+        const int k0 = math.stage * (two ? 512 : 1024);
         const uint4* s = ring + slot * kSlot;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (r >= my_rows) break;
-            const int local = warp * my_rows + r;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int v = lane + 32 * j;
-                if (v >= vec_per_row) break;
-                const int col = k0 + v * 8;
-                if (col >= op.k) break;
-                const uint4 wv = s[local * vec_per_row + v];
-                const aot::Bf16x8 w8 = *reinterpret_cast<const aot::Bf16x8*>(&wv);
-                float wf[8];
-#pragma unroll
-                for (int h = 0; h < 4; ++h) {
-                    const float2 f = aot::to_f32x2(w8.h[h]);
-                    wf[2 * h] = f.x;
-                    wf[2 * h + 1] = f.y;
-                }
-#pragma unroll
-                for (int q = 0; q < kMaxTokens; ++q) {
-                    if (q >= op.m) break;
-                    const uint4 xv = *reinterpret_cast<const uint4*>(xs + q * op.k + col);
-                    const aot::Bf16x8 x8 = *reinterpret_cast<const aot::Bf16x8*>(&xv);
-                    const int c = my_rows == 2 ? 2 * r + j : j;
-                    float a = acc[c][q];
-#pragma unroll
-                    for (int h = 0; h < 4; ++h) {
-                        const float2 f = aot::to_f32x2(x8.h[h]);
-                        a = fmaf(wf[2 * h], f.x, a);
-                        a = fmaf(wf[2 * h + 1], f.y, a);
-                    }
-                    acc[c][q] = a;
-                }
-            }
+        for (int cc = 0; cc < 4; ++cc) {
+            if (cc >= per) break;
+            const int chunk = warp * per + cc;
+            const int col = k0 + chunk * 32 + tq * 8;
+            const uint4 lo = s[g * vec_per_row + chunk * 4 + tq];
+            const uint4 hi = two ? s[(g + 8) * vec_per_row + chunk * 4 + tq] : zero;
+            const uint4 xv = g < op.m && col < op.k ? *reinterpret_cast<const uint4*>(xs + g * op.k + col) : zero;
+            aot::mma_chunk32(acc, lo, hi, xv);
         }
         slot = (slot + 1) % stages;
 
         if (math.stage + 1 == math.stages) {
-            // The tile is done: lanes by a butterfly, lane 0 stores, then one release-add.
+            // The tile is done: the warps' fragments added in warp order by warp 0, which stores
+            // them; then one release-add.
+            red[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            __syncthreads();
+            if (warp == 0) {
+                float4 sum = red[lane];
+                for (int w = 1; w < kThreads / 32; ++w) {
+                    const float4 v = red[w * 32 + lane];
+                    sum.x += v.x;
+                    sum.y += v.y;
+                    sum.z += v.z;
+                    sum.w += v.w;
+                }
+                const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                if (r >= my_rows) break;
-                const int row = static_cast<int>(t.row0) + warp * my_rows + r;
-#pragma unroll
-                for (int q = 0; q < kMaxTokens; ++q) {
-                    if (q >= op.m) break;
-                    const float lane_sum = my_rows == 2 ? acc[2 * r][q] + acc[2 * r + 1][q]
-                                                        : ((acc[0][q] + acc[1][q]) + acc[2][q]) + acc[3][q];
-                    const float sum = aot::warp_sum(lane_sum);
-                    if (lane == 0 && row < op.n) {
-                        op.out[static_cast<int64_t>(q) * op.ld_out + row] = __float2bfloat16_rn(sum);
+                for (int i = 0; i < 4; ++i) {
+                    const int r = g + (i >> 1) * 8, q = 2 * tq + (i & 1);
+                    const int row = static_cast<int>(t.row0) + r;
+                    if (r < static_cast<int>(t.rows) && row < op.n && q < op.m) {
+                        op.out[static_cast<int64_t>(q) * op.ld_out + row] = __float2bfloat16_rn(vals[i]);
                     }
                 }
             }
-            if (t.signal_counter >= 0) {
-                __syncthreads();
-                if (threadIdx.x == 0) {
-                    __threadfence();
-                    red_release_add(p.counters + t.signal_counter, 1);
-                }
+            __syncthreads();
+            if (t.signal_counter >= 0 && threadIdx.x == 0) {
+                __threadfence();
+                red_release_add(p.counters + t.signal_counter, 1);
             }
         }
         advance(math, p.tasks, p.ops);

@@ -30,6 +30,8 @@ pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
 
 /// Threads of a block (`kThreads`).
 const THREADS: u32 = 256;
+/// Shared memory behind the ring and x: each warp's mma fragment (8 warps x 32 lanes x 4 floats).
+const REDUCE_BYTES: usize = 8 * 32 * 4 * 4;
 /// Bytes of one ring slot (`kStageBytes`): a stage of a tile is `rows x (8192 / rows)` weights.
 pub const STAGE_BYTES: usize = 16384;
 /// Ring slots: as many as the SM's shared memory admits, within these bounds.
@@ -251,6 +253,8 @@ struct StepParams {
     per_launch: u64,
     epoch: u32,
     stages: i32,
+    x_vectors: i32,
+    pad_: i32,
 }
 
 // SAFETY: plain fields, laid out as the kernel's `StepParams`.
@@ -272,7 +276,7 @@ pub struct PersistentStep<'a> {
 }
 
 /// Ring slots that fit one block an SM beside the kernel's static shared memory and `x_bytes` of
-/// task input on this GPU (the most, up to [`MAX_STAGES`]), or why none do.
+/// task input and reduction space on this GPU (the most, up to [`MAX_STAGES`]), or why none do.
 pub fn ring_stages(kernels: &LoadedKernels, x_bytes: usize) -> Result<usize, OpsError> {
     (MIN_STAGES..=MAX_STAGES)
         .rev()
@@ -366,13 +370,14 @@ impl<'a> PersistentStep<'a> {
                 w[0].2, w[1].2
             )));
         }
-        // Each task's x ([m][k] bf16) sits behind the ring.
+        // Each task's x ([m][k] bf16) sits behind the ring, then the warps' fragments.
         let x_bytes = ops
             .iter()
             .zip(&bindings)
             .map(|(node, b)| b.m * node.k * 2)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            + REDUCE_BYTES;
         let stages = ring_stages(kernels, x_bytes)?;
         let stream = kernels.stream();
         let driver = |source| OpsError::Driver { op, source };
@@ -407,6 +412,8 @@ impl<'a> PersistentStep<'a> {
             per_launch: addr(kernels, &self.per_launch),
             epoch: self.epoch,
             stages: self.stages as i32,
+            x_vectors: ((self.x_bytes - REDUCE_BYTES) / 16) as i32,
+            pad_: 0,
         };
         let cfg = LaunchConfig {
             grid_dim: (self.blocks as u32, 1, 1),
