@@ -6,7 +6,8 @@
 //! context (null: the legacy default stream). Launches are asynchronous, as in CUDA: the buffers
 //! must stay allocated until the stream has run them.
 //!
-//! Decode attention, with its struct of arguments and its workspace, is in [`attention`].
+//! Decode attention: [`aot_attention_decode_bf16`] on an [`AotAttentionDecode`], with its workspace
+//! sized by [`aot_attention_decode_workspace_bytes`].
 
 use std::ffi::c_void;
 
