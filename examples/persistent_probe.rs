@@ -18,7 +18,9 @@ use std::time::Instant;
 
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::init::fill_uniform_bf16;
-use aot_kernels::ops::persistent::{schedule, GemvBinding, GemvNode, PersistentStep};
+use aot_kernels::ops::persistent::{
+    pack_weights, schedule, GemvBinding, GemvNode, PackedWeights, PersistentStep,
+};
 use aot_kernels::ops::stream_read::{stream_read, Reader};
 use aot_kernels::ops::{dev, dev_mut};
 use cudarc::driver::sys::CUevent_flags;
@@ -129,7 +131,10 @@ fn run() -> Result<(), String> {
     );
     let e = |e: aot_kernels::ops::OpsError| e.to_string();
     let d_err = |e: cudarc::driver::DriverError| e.to_string();
-    let mut w: Vec<CudaSlice<bf16>> = Vec::with_capacity(ops.len());
+    // Each weight made row-major, then packed for the tile rows of both schedules below (the
+    // narrow ops in 8- and 16-row tiles); the row-major copy is dropped.
+    let mut w8: Vec<PackedWeights> = Vec::with_capacity(ops.len());
+    let mut w16: Vec<Option<PackedWeights>> = Vec::with_capacity(ops.len());
     for (j, op) in ops.iter().enumerate() {
         let mut buf = s.alloc_zeros::<bf16>(op.n * op.k).map_err(d_err)?;
         let scale = (3.0 / op.k as f32).sqrt();
@@ -143,7 +148,12 @@ fn run() -> Result<(), String> {
             0.0,
         )
         .map_err(e)?;
-        w.push(buf);
+        w8.push(pack_weights(&kernels, dev(&kernels, &buf), op.n, op.k, op.tile_rows).map_err(e)?);
+        w16.push(if op.tile_rows == 16 {
+            None
+        } else {
+            Some(pack_weights(&kernels, dev(&kernels, &buf), op.n, op.k, 16).map_err(e)?)
+        });
     }
     // The limit: the streaming readers over the same number of bytes, the faster of the two.
     let words = weight_bytes / 4 / 4 * 4;
@@ -192,8 +202,12 @@ fn run() -> Result<(), String> {
             .map(|o| s.alloc_zeros::<bf16>(m * o.n))
             .collect::<Result<_, _>>()
             .map_err(d_err)?;
-        let bind = |j: usize| GemvBinding {
-            w: dev(&kernels, &w[j]),
+        let bind = |j: usize, narrow: usize| GemvBinding {
+            w: if narrow == 16 {
+                w16[j].as_ref().unwrap_or(&w8[j])
+            } else {
+                &w8[j]
+            },
             x: if j == 0 {
                 dev(&kernels, &x0)
             } else {
@@ -223,7 +237,7 @@ fn run() -> Result<(), String> {
                 &kernels,
                 &chain,
                 &sched,
-                (0..chain.len()).map(bind).collect(),
+                (0..chain.len()).map(|j| bind(j, narrow)).collect(),
             )
             .map_err(e)?;
             let ms = time(&kernels, a.runs, || step.launch(&kernels).map_err(e))?;
@@ -239,7 +253,8 @@ fn run() -> Result<(), String> {
         for (j, op) in ops.iter().enumerate() {
             let node = GemvNode { after: None, ..*op };
             let sched = schedule(&[node], sms).map_err(e)?;
-            steps.push(PersistentStep::new(&kernels, &[node], &sched, vec![bind(j)]).map_err(e)?);
+            steps
+                .push(PersistentStep::new(&kernels, &[node], &sched, vec![bind(j, 8)]).map_err(e)?);
         }
         let ms = time(&kernels, a.runs, || {
             steps

@@ -10,7 +10,9 @@ mod gpu_common;
 
 use aot_kernels::dispatch::LoadedKernels;
 use aot_kernels::ops::dev;
-use aot_kernels::ops::persistent::{schedule, GemvBinding, GemvNode, PersistentStep};
+use aot_kernels::ops::persistent::{
+    pack_reference, pack_weights, schedule, GemvBinding, GemvNode, PackedWeights, PersistentStep,
+};
 use cudarc::driver::CudaSlice;
 use gpu_common::{device, load_both_paths, random_bf16, seed};
 use half::bf16;
@@ -41,7 +43,7 @@ fn chain(hidden: usize) -> Vec<GemvNode> {
 
 struct Buffers {
     x0: CudaSlice<bf16>,
-    w: Vec<CudaSlice<bf16>>,
+    w: Vec<PackedWeights>,
     out: Vec<CudaSlice<bf16>>,
     host_w: Vec<Vec<bf16>>,
     host_x0: Vec<bf16>,
@@ -63,7 +65,20 @@ fn buffers(
         x0: stream.clone_htod(&host_x0).unwrap(),
         w: host_w
             .iter()
-            .map(|w| stream.clone_htod(w).unwrap())
+            .zip(ops)
+            .map(|(w, op)| {
+                let d = stream.clone_htod(w).unwrap();
+                let packed =
+                    pack_weights(kernels, dev(kernels, &d), op.n, op.k, op.tile_rows).unwrap();
+                assert!(
+                    stream.clone_dtoh(&packed.data).unwrap()
+                        == pack_reference(w, op.n, op.k, op.tile_rows),
+                    "the packed weights of a {} x {} op differ from pack_reference",
+                    op.n,
+                    op.k
+                );
+                packed
+            })
             .collect(),
         out: ops
             .iter()
@@ -102,7 +117,7 @@ fn run(
                 (dev(kernels, &b.out[j - 1]), ops[j - 1].n)
             };
             let binding = GemvBinding {
-                w: dev(kernels, &b.w[j]),
+                w: &b.w[j],
                 x,
                 out: dev(kernels, &b.out[j]),
                 m,
@@ -118,7 +133,7 @@ fn run(
         let s = schedule(ops, blocks).unwrap();
         let bindings = (0..ops.len())
             .map(|j| GemvBinding {
-                w: dev(kernels, &b.w[j]),
+                w: &b.w[j],
                 x: if j == 0 {
                     dev(kernels, &b.x0)
                 } else {

@@ -2,9 +2,11 @@
 // tasks. Dependencies are counters in global memory: a task may wait until a counter reaches a
 // count (its producers' release-adds), and may add one to a counter when done. Weights never
 // depend on activations, so each block's weight stream runs ahead of those waits: the bytes of the
-// block's tasks, in list order, flow through a shared-memory ring of `stages` slots with cp.async
-// (every target, and the compute_80 PTX), stages - 1 slots in flight while the math of the
-// current one runs. Only the math waits on the counters.
+// block's tasks, in list order, flow through a shared-memory ring of `stages` slots, stages - 1
+// slots in flight while the math of the current one runs: the weights are packed so that a slot is
+// one contiguous 16 KiB block (persistent_pack_bf16), copied by one bulk copy on sm_90 and later
+// (the Tensor Memory Accelerator; the copy size decides the stream's speed) and by 16-byte
+// cp.async copies before (and in the compute_80 PTX). Only the math waits on the counters.
 //
 // Task kinds (the host builds the lists: src/ops/persistent.rs, which mirrors Task and GemvOp):
 //   kGemvTile  `rows` (8 or 16) output rows of a GEMV op, all of K:
@@ -28,6 +30,7 @@
 // Co-residency: a block spins on counters that other blocks advance, so every block must be
 // resident at once: the host launches at most one block per SM with shared memory that admits
 // one block an SM, and checks the occupancy first.
+#include "aot_bulk.cuh"
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
@@ -35,6 +38,7 @@ namespace aot_persistent {
 
 constexpr int kThreads = 256;
 constexpr int kStageBytes = 16384;
+constexpr int kMaxStages = 12;
 
 enum Kind : unsigned { kGemvTile = 1 };
 
@@ -52,7 +56,7 @@ struct Task {
 
 // Mirrored by `GemvOp` in src/ops/persistent.rs (repr(C), 48 bytes).
 struct GemvOp {
-    const __nv_bfloat16* w;  // [n][k] row-major
+    const __nv_bfloat16* w;  // packed (persistent_pack_bf16): slot-sized [rows][kc] blocks, tile by tile
     const __nv_bfloat16* x;  // [m][ld_x]
     __nv_bfloat16* out;      // [m][ld_out]
     int n, k, m, ld_x, ld_out, pad_;
@@ -119,25 +123,44 @@ __device__ __forceinline__ void advance(Cursor& c, const Task* tasks, const Gemv
     }
 }
 
-// Copies stage `c` into `slot` (every thread a share of the 16-byte pieces; past the tile's rows
-// or K, zeros), and commits one cp.async group (empty past the last task, to keep the count).
-__device__ __forceinline__ void issue(const Cursor& c, const Task* tasks, const GemvOp* ops, uint4* slot) {
+// Where stage `stage` of the tile at `row0` starts in the packed weights: the tile's slot-sized
+// blocks follow each other, tile after tile.
+__device__ __forceinline__ const uint4* packed_slot(const GemvOp& op, const Task& t, int stage) {
+    const int per_tile = (op.k + stage_cols(t.rows) - 1) / stage_cols(t.rows);
+    const int64_t block = static_cast<int64_t>(t.row0 / t.rows) * per_tile + stage;
+    return reinterpret_cast<const uint4*>(op.w) + block * (kStageBytes / 16);
+}
+
+// Copies stage `c` (one contiguous slot of the packed weights) into `slot`: on sm_90 and later
+// one bulk copy by thread 0, completing on `full`; before, every thread's share of 16-byte
+// cp.async copies and one group (committed empty past the last task, to keep the count).
+__device__ __forceinline__ void issue(const Cursor& c, const Task* tasks, const GemvOp* ops, uint4* slot,
+                                      uint64_t* full) {
+#if AOT_HAS_BULK
+    if (c.task < c.end && threadIdx.x == 0) {
+        const Task t = tasks[c.task];
+        aot::mbar_arrive_expect_tx(full, kStageBytes);
+        aot::bulk_g2s(slot, packed_slot(ops[t.op], t, c.stage), kStageBytes, full);
+    }
+#else
+    (void)full;
     if (c.task < c.end) {
         const Task t = tasks[c.task];
-        const GemvOp op = ops[t.op];
-        const int kc = stage_cols(t.rows);
-        const int vec_per_row = kc / 8;
-        const int k0 = c.stage * kc;
+        const uint4* src = packed_slot(ops[t.op], t, c.stage);
         for (int p = threadIdx.x; p < kStageBytes / 16; p += kThreads) {
-            const int r = p / vec_per_row, v = p - r * vec_per_row;
-            const int row = static_cast<int>(t.row0) + r, col = k0 + v * 8;
-            const bool valid = row < op.n && col < op.k;
-            const __nv_bfloat16* src = valid ? op.w + static_cast<int64_t>(row) * op.k + col : op.w;
-            aot::cp_async_16(static_cast<unsigned>(__cvta_generic_to_shared(slot + p)), src, valid);
+            aot::cp_async_16(static_cast<unsigned>(__cvta_generic_to_shared(slot + p)), src + p, true);
         }
     }
     aot::cp_async_commit();
+#endif
 }
+
+// Mirrored by `PackParams` in src/ops/persistent.rs.
+struct PackParams {
+    const __nv_bfloat16* src;  // [n][k] row-major
+    __nv_bfloat16* dst;        // tiles x ceil(k / kc) slots of [rows][kc]
+    int n, k, rows, pad_;
+};
 
 }  // namespace aot_persistent
 
@@ -146,7 +169,15 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
     using namespace aot_persistent;
     // [p.stages][kStageBytes / 16] of weights, then the current task's x: [m][k] bf16.
     extern __shared__ __align__(128) uint4 ring[];
+    __shared__ uint64_t full[kMaxStages];  // bulk copies: slot s's copy completes on full[s]
     const int stages = p.stages;
+#if AOT_HAS_BULK
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) aot::mbar_init(&full[s], 1);
+        aot::mbar_init_fence();
+    }
+    __syncthreads();
+#endif
     __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(ring + stages * (kStageBytes / 16));
     constexpr int kSlot = kStageBytes / 16;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -156,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
     Cursor math = fetch;
     // The prologue: stages - 1 slots in flight.
     for (int s = 0; s < stages - 1; ++s) {
-        issue(fetch, p.tasks, p.ops, ring + s * kSlot);
+        issue(fetch, p.tasks, p.ops, ring + s * kSlot, &full[s]);
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
     }
     // A lane's share of the tile on the tensor cores: the mma's C fragment (rows g and g + 8,
@@ -166,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
     // Behind xs: every warp's fragment at the end of a tile, added in warp order.
     float4* red = reinterpret_cast<float4*>(ring + stages * (kStageBytes / 16) + p.x_vectors);
     int slot = 0;
+    unsigned iteration = 0;  // slots consumed: slot `iteration % stages`, in its use `iteration / stages`
     while (math.task < math.end) {
         const Task t = p.tasks[math.task];
         const GemvOp op = p.ops[t.op];
@@ -188,9 +220,15 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
         }
         // This slot's copies are done (stages - 2 newer groups may still be in flight), and every
         // thread is past the math of the slot about to be refilled; the barrier also publishes xs.
+#if AOT_HAS_BULK
+        aot::mbar_wait(&full[slot], (iteration / stages) & 1);
+#else
         cp_async_wait_pending(stages - 2);
+#endif
         __syncthreads();
-        issue(fetch, p.tasks, p.ops, ring + ((slot + stages - 1) % stages) * kSlot);
+        const int refill = (slot + stages - 1) % stages;
+        issue(fetch, p.tasks, p.ops, ring + refill * kSlot, &full[refill]);
+        ++iteration;
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
 
         // The math of this slot: `rows` rows of kc columns in 32-column chunks; warp w takes chunks
@@ -247,5 +285,30 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
         }
         advance(math, p.tasks, p.ops);
     }
+#if !AOT_HAS_BULK
     aot::cp_async_wait<0>();
+#endif
+}
+
+// Packs a row-major [n][k] weight into the slots the step streams: tile i (rows i * rows ..),
+// stage s (columns s * kc ..) is the [rows][kc] block at slot i * ceil(k / kc) + s; rows past n and
+// columns past k are zeros. Every 16-byte piece is one thread's, grid-stride.
+extern "C" __global__ void __launch_bounds__(256) persistent_pack_bf16(const aot_persistent::PackParams p) {
+    using namespace aot_persistent;
+    const int kc = kStageBytes / 2 / p.rows;
+    const int vec_per_row = kc / 8;
+    const int per_tile = (p.k + kc - 1) / kc;
+    const int tiles = (p.n + p.rows - 1) / p.rows;
+    const int64_t pieces = static_cast<int64_t>(tiles) * per_tile * (kStageBytes / 16);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pieces;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t slot = i / (kStageBytes / 16);
+        const int within = static_cast<int>(i - slot * (kStageBytes / 16));
+        const int tile = static_cast<int>(slot / per_tile), stage = static_cast<int>(slot - static_cast<int64_t>(tile) * per_tile);
+        const int r = within / vec_per_row, v = within - r * vec_per_row;
+        const int row = tile * p.rows + r, col = stage * kc + v * 8;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (row < p.n && col < p.k) val = *reinterpret_cast<const uint4*>(p.src + static_cast<int64_t>(row) * p.k + col);
+        reinterpret_cast<uint4*>(p.dst)[i] = val;
+    }
 }

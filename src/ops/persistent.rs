@@ -3,10 +3,12 @@
 //! each block's weight stream running ahead of them through a shared-memory ring
 //! (kernels/persistent/persistent_step.cu says how).
 //!
-//! Two halves:
+//! Three parts:
 //! - [`schedule`], pure: a graph of GEMV ops (each reading what an earlier op wrote) cut into
 //!   8- or 16-row tiles, dealt to blocks in order, with each op's counter and the count its readers
 //!   wait for; [`Schedule::check`] proves that every wait is met by tasks that come before it.
+//! - [`pack_weights`]: each weight repacked tile by tile so that every 16 KiB slot of the ring is one
+//!   contiguous copy (one bulk copy on sm_90 and later);
 //! - [`PersistentStep`]: the schedule and the op table in device memory, bound to the caller's
 //!   buffers, launched as often as wanted ([`PersistentStep::launch`]); counters only grow, so no
 //!   launch resets them.
@@ -25,8 +27,10 @@ use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "persistent";
 pub const ENTRY: &str = "persistent_step";
+/// The entry that packs a weight into the slots the step streams ([`pack_weights`]).
+pub const ENTRY_PACK: &str = "persistent_pack_bf16";
 /// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
-pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY)];
+pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY), (MODULE, ENTRY_PACK)];
 
 /// Threads of a block (`kThreads`).
 const THREADS: u32 = 256;
@@ -210,19 +214,111 @@ impl Schedule {
     }
 }
 
-/// One GEMV op's buffers: `w` is `n x k`, `x` holds `m` rows of `k` every `ld_x`, `out` `m` rows of
-/// `n` every `ld_out` (bf16).
+/// One GEMV op's buffers: `w` its packed weights, `x` holds `m` rows of `k` every `ld_x`, `out` `m`
+/// rows of `n` every `ld_out` (bf16).
 ///
 /// `out` is written through a shared view: in a step one op's `out` is the `x` of the ops after it,
 /// and the schedule, not the borrow checker, orders the write before the reads (the counters within
 /// a launch, the stream between launches). No two ops may write the same memory.
 pub struct GemvBinding<'a> {
-    pub w: DevRef<'a, bf16>,
+    pub w: &'a PackedWeights,
     pub x: DevRef<'a, bf16>,
     pub out: DevRef<'a, bf16>,
     pub m: usize,
     pub ld_x: usize,
     pub ld_out: usize,
+}
+
+/// Columns of K one slot of a `rows`-row tile holds.
+pub fn slot_cols(rows: usize) -> usize {
+    STAGE_BYTES / 2 / rows
+}
+
+/// Elements of `n x k` weights packed in `rows`-row tiles: whole slots, padded with zeros.
+pub fn packed_len(n: usize, k: usize, rows: usize) -> usize {
+    n.div_ceil(rows) * k.div_ceil(slot_cols(rows)) * (STAGE_BYTES / 2)
+}
+
+/// Weights in the layout the step streams: tile by tile, each tile's `[rows][kc]` slots in K order,
+/// so that a slot is one contiguous 16 KiB copy ([`pack_weights`]; [`pack_reference`] on the CPU).
+pub struct PackedWeights {
+    pub data: CudaSlice<bf16>,
+    pub n: usize,
+    pub k: usize,
+    pub rows: usize,
+}
+
+/// Reference of the packing: `w` is `n x k` row-major.
+pub fn pack_reference(w: &[bf16], n: usize, k: usize, rows: usize) -> Vec<bf16> {
+    let kc = slot_cols(rows);
+    let per_tile = k.div_ceil(kc);
+    let mut out = vec![bf16::ZERO; packed_len(n, k, rows)];
+    for (i, v) in out.iter_mut().enumerate() {
+        let (slot, within) = (i / (STAGE_BYTES / 2), i % (STAGE_BYTES / 2));
+        let (tile, stage) = (slot / per_tile, slot % per_tile);
+        let (row, col) = (tile * rows + within / kc, stage * kc + within % kc);
+        if row < n && col < k {
+            *v = w[row * k + col];
+        }
+    }
+    out
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PackParams {
+    src: u64,
+    dst: u64,
+    n: i32,
+    k: i32,
+    rows: i32,
+    pad_: i32,
+}
+
+// SAFETY: plain fields, laid out as the kernel's `PackParams`.
+unsafe impl DeviceRepr for PackParams {}
+
+/// Packs `w` (`n x k` row-major bf16, `k` a multiple of 8) for `rows`-row tiles (8 or 16) into a
+/// new buffer on the kernels' stream.
+pub fn pack_weights(
+    kernels: &LoadedKernels,
+    w: DevRef<'_, bf16>,
+    n: usize,
+    k: usize,
+    rows: usize,
+) -> Result<PackedWeights, OpsError> {
+    let op = "persistent_pack";
+    if n == 0 || k == 0 || !k.is_multiple_of(8) || ![8, 16].contains(&rows) {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "{n} x {k} in {rows}-row tiles: need n > 0, k a positive multiple of 8, rows 8 or 16"
+            ),
+        });
+    }
+    check_view(op, "w", w.len(), &[n, k])?;
+    check_aligned(op, "w", w.addr(), 16)?;
+    let len = packed_len(n, k, rows);
+    let data = kernels
+        .stream()
+        .alloc_zeros::<bf16>(len)
+        .map_err(|source| OpsError::Driver { op, source })?;
+    let p = PackParams {
+        src: w.addr(),
+        dst: addr(kernels, &data),
+        n: to_i32(op, "n", n)?,
+        k: to_i32(op, "k", k)?,
+        rows: rows as i32,
+        pad_: 0,
+    };
+    let pieces = len / 8;
+    let cfg = LaunchConfig {
+        grid_dim: (pieces.div_ceil(256).min(65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_params_pdl(kernels, op, MODULE, ENTRY_PACK, cfg, &p, false, None)?;
+    Ok(PackedWeights { data, n, k, rows })
 }
 
 /// An op as the kernel reads it (`GemvOp`, 48 bytes).
@@ -330,7 +426,12 @@ impl<'a> PersistentStep<'a> {
                     b.m, b.ld_x, node.k, b.ld_out, node.n
                 )));
             }
-            check_view(op, &what("w"), b.w.len(), &[node.n, node.k])?;
+            if (b.w.n, b.w.k, b.w.rows) != (node.n, node.k, node.tile_rows) {
+                return Err(bad(format!(
+                    "op {j}: weights packed as {} x {} in {}-row tiles for an op of {} x {} in {}-row tiles",
+                    b.w.n, b.w.k, b.w.rows, node.n, node.k, node.tile_rows
+                )));
+            }
             check_view(op, &what("x"), b.x.len(), &[(b.m - 1) * b.ld_x + node.k])?;
             check_view(
                 op,
@@ -338,7 +439,6 @@ impl<'a> PersistentStep<'a> {
                 b.out.len(),
                 &[(b.m - 1) * b.ld_out + node.n],
             )?;
-            check_aligned(op, "w", b.w.addr(), 16)?;
             check_aligned(op, "x", b.x.addr(), 16)?;
             if !b.ld_x.is_multiple_of(8) {
                 return Err(bad(format!(
@@ -347,7 +447,7 @@ impl<'a> PersistentStep<'a> {
                 )));
             }
             raw.push(GemvOpRaw {
-                w: b.w.addr(),
+                w: addr(kernels, &b.w.data),
                 x: b.x.addr(),
                 out: b.out.addr(),
                 n: to_i32(op, "n", node.n)?,
@@ -506,6 +606,24 @@ mod tests {
         assert_eq!(block_of(0, 0), 0);
         assert_eq!(block_of(0, 80), 1);
         assert_eq!(block_of(1, 0), 2);
+    }
+
+    #[test]
+    fn the_packing_puts_each_slot_together_and_pads_with_zeros() {
+        let (n, k, rows) = (20, 1040, 16);
+        let w: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(1.0 + i as f32)).collect();
+        let packed = pack_reference(&w, n, k, rows);
+        // 2 tiles x 3 slots (1040 columns in slots of 512) of 16 x 512.
+        assert_eq!(packed.len(), 2 * 3 * 16 * 512);
+        let at = |tile: usize, stage: usize, r: usize, c: usize| {
+            packed[((tile * 3 + stage) * 16 + r) * 512 + c]
+        };
+        assert_eq!(at(0, 0, 0, 0), w[0]);
+        assert_eq!(at(0, 1, 3, 7), w[3 * k + 512 + 7]);
+        assert_eq!(at(1, 2, 3, 15), w[19 * k + 1024 + 15]);
+        assert_eq!(at(1, 2, 3, 16), bf16::ZERO, "past k");
+        assert_eq!(at(1, 0, 4, 0), bf16::ZERO, "past n");
+        assert_eq!(packed.iter().filter(|v| **v != bf16::ZERO).count(), n * k);
     }
 
     #[test]
