@@ -2,11 +2,12 @@
 // tasks. Dependencies are counters in global memory: a task may wait until a counter reaches a
 // count (its producers' release-adds), and may add one to a counter when done. Weights never
 // depend on activations, so each block's weight stream runs ahead of those waits: the bytes of the
-// block's tasks, in list order, flow through a shared-memory ring of `stages` slots, stages - 1
-// slots in flight while the math of the current one runs: the weights are packed so that a slot is
-// one contiguous 16 KiB block (persistent_pack_bf16), copied by one bulk copy on sm_90 and later
-// (the Tensor Memory Accelerator; the copy size decides the stream's speed) and by 16-byte
-// cp.async copies before (and in the compute_80 PTX). Only the math waits on the counters.
+// block's tasks, in list order, flow through a shared-memory ring of `stages` 16 KiB slots: the
+// weights are packed so that a slot is one contiguous block (persistent_pack_bf16). On sm_90 and
+// later a streaming warp keeps the ring full with one bulk copy a slot (the Tensor Memory
+// Accelerator), waiting only for the math warps to release a slot; before (and in the compute_80
+// PTX) the math threads copy the slots themselves with cp.async, stages - 1 ahead. Only the math
+// waits on the counters.
 //
 // Task kinds (the host builds the lists: src/ops/persistent.rs, which mirrors Task and GemvOp):
 //   kGemvTile  `rows` (8 or 16) output rows of a GEMV op, all of K:
@@ -28,8 +29,8 @@
 // behind the ring; the host sizes the ring to what is left.
 //
 // Co-residency: a block spins on counters that other blocks advance, so every block must be
-// resident at once: the host launches at most one block per SM with shared memory that admits
-// one block an SM, and checks the occupancy first.
+// resident at once: the host launches at most one block per SM, with the ring sized so that one
+// block fits an SM.
 #include "aot_bulk.cuh"
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
@@ -131,19 +132,10 @@ __device__ __forceinline__ const uint4* packed_slot(const GemvOp& op, const Task
     return reinterpret_cast<const uint4*>(op.w) + block * (kStageBytes / 16);
 }
 
-// Copies stage `c` (one contiguous slot of the packed weights) into `slot`: on sm_90 and later
-// one bulk copy by thread 0, completing on `full`; before, every thread's share of 16-byte
-// cp.async copies and one group (committed empty past the last task, to keep the count).
-__device__ __forceinline__ void issue(const Cursor& c, const Task* tasks, const GemvOp* ops, uint4* slot,
-                                      uint64_t* full) {
-#if AOT_HAS_BULK
-    if (c.task < c.end && threadIdx.x == 0) {
-        const Task t = tasks[c.task];
-        aot::mbar_arrive_expect_tx(full, kStageBytes);
-        aot::bulk_g2s(slot, packed_slot(ops[t.op], t, c.stage), kStageBytes, full);
-    }
-#else
-    (void)full;
+// The cp.async path (before sm_90): copies stage `c` (one contiguous slot of the packed weights)
+// into `slot`, every math thread a share of the 16-byte pieces, and commits one group (empty past
+// the last task, to keep the count).
+__device__ __forceinline__ void issue(const Cursor& c, const Task* tasks, const GemvOp* ops, uint4* slot) {
     if (c.task < c.end) {
         const Task t = tasks[c.task];
         const uint4* src = packed_slot(ops[t.op], t, c.stage);
@@ -152,7 +144,6 @@ __device__ __forceinline__ void issue(const Cursor& c, const Task* tasks, const 
         }
     }
     aot::cp_async_commit();
-#endif
 }
 
 // Mirrored by `PackParams` in src/ops/persistent.rs.
@@ -164,128 +155,182 @@ struct PackParams {
 
 }  // namespace aot_persistent
 
-extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads, 1)
+namespace aot_persistent {
+
+// The 256 math threads' own barrier (the streaming warp never joins it).
+__device__ __forceinline__ void math_barrier() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// The math of one slot (`rows` rows of kc columns, in 32-column chunks): warp w takes chunks
+// [w * per, (w + 1) * per) (per: 2 for 16-row tiles, 4 for 8-row ones, whose rows g + 8 are zeros).
+// Each lane feeds the 8 elements it loads to both k16 steps of a chunk, x the same 8 positions of
+// token g (aot_mma.cuh says why any such order is fine).
+__device__ __forceinline__ void slot_math(float (&acc)[4], const uint4* s, const __nv_bfloat16* xs, const GemvOp& op,
+                                          bool two, int k0) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int vec_per_row = two ? 64 : 128;
+    const int per = two ? 2 : 4;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+        if (cc >= per) break;
+        const int chunk = warp * per + cc;
+        const int col = k0 + chunk * 32 + tq * 8;
+        const uint4 lo = s[g * vec_per_row + chunk * 4 + tq];
+        const uint4 hi = two ? s[(g + 8) * vec_per_row + chunk * 4 + tq] : zero;
+        const uint4 xv = g < op.m && col < op.k ? *reinterpret_cast<const uint4*>(xs + g * op.k + col) : zero;
+        aot::mma_chunk32(acc, lo, hi, xv);
+    }
+}
+
+// A task's start: thread 0 waits for its counter, then the math threads copy its x, written by
+// other blocks of this launch, from L2 into xs. Every math thread is past the last task's use of
+// xs and of the fragments.
+__device__ __forceinline__ void task_start(const StepParams& p, const Task& t, const GemvOp& op, __nv_bfloat16* xs) {
+    if (t.wait_counter >= 0 && threadIdx.x == 0) {
+        const unsigned target = p.epoch * p.per_launch[t.wait_counter] + t.wait_count;
+        while (static_cast<int>(ld_acquire(p.counters + t.wait_counter) - target) < 0) __nanosleep(32);
+    }
+    math_barrier();
+    const int vec_per_x = op.k / 8;
+    for (int i = threadIdx.x; i < op.m * vec_per_x; i += kThreads) {
+        const int q = i / vec_per_x, v = i - q * vec_per_x;
+        reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(op.x + static_cast<int64_t>(q) * op.ld_x) + v);
+    }
+    math_barrier();
+}
+
+// A task's end: the warps' fragments added in warp order by warp 0, which stores them and adds
+// one to the task's counter.
+__device__ __forceinline__ void task_end(const StepParams& p, const Task& t, const GemvOp& op, const float (&acc)[4],
+                                         float4* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    red[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    math_barrier();
+    if (warp != 0) return;
+    float4 sum = red[lane];
+    for (int w = 1; w < kThreads / 32; ++w) {
+        const float4 v = red[w * 32 + lane];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+    }
+    const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + (i >> 1) * 8, q = 2 * tq + (i & 1);
+        const int row = static_cast<int>(t.row0) + r;
+        if (r < static_cast<int>(t.rows) && row < op.n && q < op.m) {
+            op.out[static_cast<int64_t>(q) * op.ld_out + row] = __float2bfloat16_rn(vals[i]);
+        }
+    }
+    __syncwarp();
+    if (t.signal_counter >= 0 && lane == 0) {
+        __threadfence();
+        red_release_add(p.counters + t.signal_counter, 1);
+    }
+}
+
+}  // namespace aot_persistent
+
+// 256 math threads (8 warps) and, on sm_90 and later, one streaming warp that keeps the ring full
+// with bulk copies: it waits only for a slot to be emptied (each math warp releases a slot when
+// its math on it is done), never for the math's counters. Before sm_90 (and in the compute_80 PTX)
+// the math threads copy the slots themselves with cp.async, stages - 1 ahead, and the extra warp
+// leaves at once.
+extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
     persistent_step(const aot_persistent::StepParams p) {
     using namespace aot_persistent;
-    // [p.stages][kStageBytes / 16] of weights, then the current task's x: [m][k] bf16.
+    // [p.stages][kStageBytes / 16] of weights, then the current task's x ([m][k] bf16), then each
+    // math warp's fragment.
     extern __shared__ __align__(128) uint4 ring[];
-    __shared__ uint64_t full[kMaxStages];  // bulk copies: slot s's copy completes on full[s]
     const int stages = p.stages;
+    constexpr int kSlot = kStageBytes / 16;
+    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(ring + stages * kSlot);
+    float4* red = reinterpret_cast<float4*>(ring + stages * kSlot + p.x_vectors);
+    const int warp = threadIdx.x >> 5;
+    const unsigned begin = p.begin[blockIdx.x], end = p.begin[blockIdx.x + 1];
+    if (stages < 3 || stages > kMaxStages) __trap();  // the host sizes the ring within these
 #if AOT_HAS_BULK
+    __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
+    const int lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; ++s) aot::mbar_init(&full[s], 1);
+        for (int s = 0; s < stages; ++s) {
+            aot::mbar_init(&full[s], 1);
+            aot::mbar_init(&empty[s], kThreads / 32);
+        }
         aot::mbar_init_fence();
     }
     __syncthreads();
-#endif
-    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(ring + stages * (kStageBytes / 16));
-    constexpr int kSlot = kStageBytes / 16;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    Cursor fetch{p.begin[blockIdx.x], p.begin[blockIdx.x + 1], 0, 0};
+    if (warp == kThreads / 32) {
+        // The streaming warp: every slot of every task of the block, in order.
+        if (lane == 0) {
+            unsigned filled = 0;
+            for (unsigned ti = begin; ti < end; ++ti) {
+                const Task t = p.tasks[ti];
+                const GemvOp& op = p.ops[t.op];
+                const int per_tile = (op.k + stage_cols(t.rows) - 1) / stage_cols(t.rows);
+                const uint4* src = packed_slot(op, t, 0);
+                for (int st = 0; st < per_tile; ++st, ++filled) {
+                    const int s = static_cast<int>(filled % stages);
+                    if (filled >= static_cast<unsigned>(stages)) aot::mbar_wait(&empty[s], (filled / stages - 1) & 1);
+                    aot::mbar_arrive_expect_tx(&full[s], kStageBytes);
+                    aot::bulk_g2s(ring + s * kSlot, src + st * kSlot, kStageBytes, &full[s]);
+                }
+            }
+        }
+        return;
+    }
+    unsigned used = 0;  // slots consumed: slot `used % stages`, in its use `used / stages`
+    for (unsigned ti = begin; ti < end; ++ti) {
+        const Task t = p.tasks[ti];
+        const GemvOp op = p.ops[t.op];
+        const bool two = t.rows == 16;
+        const int kc = stage_cols(t.rows);
+        const int per_tile = (op.k + kc - 1) / kc;
+        task_start(p, t, op, xs);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int st = 0; st < per_tile; ++st, ++used) {
+            const int s = static_cast<int>(used % stages);
+            aot::mbar_wait(&full[s], (used / stages) & 1);
+            slot_math(acc, ring + s * kSlot, xs, op, two, st * kc);
+            __syncwarp();
+            if (lane == 0) aot::mbar_arrive(&empty[s]);
+        }
+        task_end(p, t, op, acc, red);
+    }
+#else
+    if (warp == kThreads / 32) return;
+    Cursor fetch{begin, end, 0, 0};
     fetch.stages = fetch.task < fetch.end ? stages_of(p.tasks[fetch.task], p.ops) : 0;
-    Cursor math = fetch;
     // The prologue: stages - 1 slots in flight.
     for (int s = 0; s < stages - 1; ++s) {
-        issue(fetch, p.tasks, p.ops, ring + s * kSlot, &full[s]);
+        issue(fetch, p.tasks, p.ops, ring + s * kSlot);
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
     }
-    // A lane's share of the tile on the tensor cores: the mma's C fragment (rows g and g + 8,
-    // tokens 2t and 2t + 1), summed over this warp's chunks of every slot in K order.
-    const int g = lane >> 2, tq = lane & 3;
-    float acc[4];
-    // Behind xs: every warp's fragment at the end of a tile, added in warp order.
-    float4* red = reinterpret_cast<float4*>(ring + stages * (kStageBytes / 16) + p.x_vectors);
     int slot = 0;
-    unsigned iteration = 0;  // slots consumed: slot `iteration % stages`, in its use `iteration / stages`
-    while (math.task < math.end) {
-        const Task t = p.tasks[math.task];
+    for (unsigned ti = begin; ti < end; ++ti) {
+        const Task t = p.tasks[ti];
         const GemvOp op = p.ops[t.op];
-        if (math.stage == 0) {
-            if (t.wait_counter >= 0 && threadIdx.x == 0) {
-                const unsigned target = p.epoch * p.per_launch[t.wait_counter] + t.wait_count;
-                while (static_cast<int>(ld_acquire(p.counters + t.wait_counter) - target) < 0) __nanosleep(32);
-            }
-            // Every thread is past the last task's math (which read xs) and thread 0's wait; then
-            // the task's x, written by other blocks of this launch, is read at L2 into xs.
-            __syncthreads();
-            const int vec_per_x = op.k / 8;
-            for (int i = threadIdx.x; i < op.m * vec_per_x; i += kThreads) {
-                const int q = i / vec_per_x, v = i - q * vec_per_x;
-                reinterpret_cast<uint4*>(xs)[i] =
-                    __ldcg(reinterpret_cast<const uint4*>(op.x + static_cast<int64_t>(q) * op.ld_x) + v);
-            }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[c] = 0.0f;
-        }
-        // This slot's copies are done (stages - 2 newer groups may still be in flight), and every
-        // thread is past the math of the slot about to be refilled; the barrier also publishes xs.
-#if AOT_HAS_BULK
-        aot::mbar_wait(&full[slot], (iteration / stages) & 1);
-#else
-        cp_async_wait_pending(stages - 2);
-#endif
-        __syncthreads();
-        const int refill = (slot + stages - 1) % stages;
-        issue(fetch, p.tasks, p.ops, ring + refill * kSlot, &full[refill]);
-        ++iteration;
-        if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
-
-        // The math of this slot: `rows` rows of kc columns in 32-column chunks; warp w takes chunks
-        // [w * per, (w + 1) * per) of the slot (per: 2 for 16-row tiles, 4 for 8-row ones, whose
-        // rows g + 8 are zeros). Each lane feeds the 8 elements it loads to both k16 steps of a
-        // chunk, x the same 8 positions of token g (aot_mma.cuh says why any such order is fine).
         const bool two = t.rows == 16;
-        const int vec_per_row = two ? 64 : 128;
-        const int per = two ? 2 : 4;
-        const int k0 = math.stage * (two ? 512 : 1024);
-        const uint4* s = ring + slot * kSlot;
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-            if (cc >= per) break;
-            const int chunk = warp * per + cc;
-            const int col = k0 + chunk * 32 + tq * 8;
-            const uint4 lo = s[g * vec_per_row + chunk * 4 + tq];
-            const uint4 hi = two ? s[(g + 8) * vec_per_row + chunk * 4 + tq] : zero;
-            const uint4 xv = g < op.m && col < op.k ? *reinterpret_cast<const uint4*>(xs + g * op.k + col) : zero;
-            aot::mma_chunk32(acc, lo, hi, xv);
+        const int kc = stage_cols(t.rows);
+        const int per_tile = (op.k + kc - 1) / kc;
+        task_start(p, t, op, xs);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int st = 0; st < per_tile; ++st) {
+            // This slot's copies are done (stages - 2 newer groups may still be in flight), and
+            // every math thread is past the math of the slot about to be refilled.
+            cp_async_wait_pending(stages - 2);
+            math_barrier();
+            issue(fetch, p.tasks, p.ops, ring + ((slot + stages - 1) % stages) * kSlot);
+            if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
+            slot_math(acc, ring + slot * kSlot, xs, op, two, st * kc);
+            slot = (slot + 1) % stages;
         }
-        slot = (slot + 1) % stages;
-
-        if (math.stage + 1 == math.stages) {
-            // The tile is done: the warps' fragments added in warp order by warp 0, which stores
-            // them; then one release-add.
-            red[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            __syncthreads();
-            if (warp == 0) {
-                float4 sum = red[lane];
-                for (int w = 1; w < kThreads / 32; ++w) {
-                    const float4 v = red[w * 32 + lane];
-                    sum.x += v.x;
-                    sum.y += v.y;
-                    sum.z += v.z;
-                    sum.w += v.w;
-                }
-                const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int r = g + (i >> 1) * 8, q = 2 * tq + (i & 1);
-                    const int row = static_cast<int>(t.row0) + r;
-                    if (r < static_cast<int>(t.rows) && row < op.n && q < op.m) {
-                        op.out[static_cast<int64_t>(q) * op.ld_out + row] = __float2bfloat16_rn(vals[i]);
-                    }
-                }
-            }
-            __syncthreads();
-            if (t.signal_counter >= 0 && threadIdx.x == 0) {
-                __threadfence();
-                red_release_add(p.counters + t.signal_counter, 1);
-            }
-        }
-        advance(math, p.tasks, p.ops);
+        task_end(p, t, op, acc, red);
     }
-#if !AOT_HAS_BULK
     aot::cp_async_wait<0>();
 #endif
 }

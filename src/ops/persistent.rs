@@ -32,8 +32,8 @@ pub const ENTRY_PACK: &str = "persistent_pack_bf16";
 /// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
 pub const LAUNCHED: &[(&str, &str)] = &[(MODULE, ENTRY), (MODULE, ENTRY_PACK)];
 
-/// Threads of a block (`kThreads`).
-const THREADS: u32 = 256;
+/// Threads of a block: 256 math threads (`kThreads`) and the streaming warp.
+const THREADS: u32 = 256 + 32;
 /// Shared memory behind the ring and x: each warp's mma fragment (8 warps x 32 lanes x 4 floats).
 const REDUCE_BYTES: usize = 8 * 32 * 4 * 4;
 /// Bytes of one ring slot (`kStageBytes`): a stage of a tile is `rows x (8192 / rows)` weights.
