@@ -25,8 +25,9 @@
 // Counters only grow: a launch of epoch e waits for `e * per_launch[c] + count`, so no launch
 // needs them reset (the comparison is wrap-safe).
 //
-// Each task copies its x ([m][k] bf16, written by other blocks) into shared memory after its wait,
-// behind the ring; the host sizes the ring to what is left.
+// A block's consecutive tiles of one op form a run: its first tile waits for the op's counter and
+// copies x ([m][k] bf16, written by other blocks) into shared memory behind the ring (the host
+// sizes the ring to what is left); its last tile adds the run's length to the op's counter.
 //
 // Co-residency: a block spins on counters that other blocks advance, so every block must be
 // resident at once: the host launches at most one block per SM, with the ring sized so that one
@@ -52,7 +53,8 @@ struct Task {
     unsigned op;         // index into the GemvOp table
     unsigned row0;       // the tile's first output row
     unsigned rows;       // 8 or 16
-    unsigned pad_;
+    unsigned signal_add;  // what this task adds to signal_counter when done: a run of one op's
+                          // tiles in a block signals once, at its last tile (0 before)
 };
 
 // Mirrored by `GemvOp` in src/ops/persistent.rs (repr(C), 48 bytes).
@@ -183,9 +185,10 @@ __device__ __forceinline__ void slot_math(float (&acc)[4], const uint4* s, const
     }
 }
 
-// A task's start: thread 0 waits for its counter, then the math threads copy its x, written by
-// other blocks of this launch, from L2 into xs. Every math thread is past the last task's use of
-// xs and of the fragments.
+// A run's start (a task whose op differs from the block's task before it): thread 0 waits for its
+// counter, then the math threads copy its x, written by other blocks of this launch, from L2 into
+// xs, which the run's later tiles reuse. Every math thread is past the last task's use of xs and of
+// the fragments.
 __device__ __forceinline__ void task_start(const StepParams& p, const Task& t, const GemvOp& op, __nv_bfloat16* xs) {
     if (t.wait_counter >= 0 && threadIdx.x == 0) {
         const unsigned target = p.epoch * p.per_launch[t.wait_counter] + t.wait_count;
@@ -227,9 +230,9 @@ __device__ __forceinline__ void task_end(const StepParams& p, const Task& t, con
         }
     }
     __syncwarp();
-    if (t.signal_counter >= 0 && lane == 0) {
+    if (t.signal_counter >= 0 && t.signal_add > 0 && lane == 0) {
         __threadfence();
-        red_release_add(p.counters + t.signal_counter, 1);
+        red_release_add(p.counters + t.signal_counter, t.signal_add);
     }
 }
 
@@ -290,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
         const bool two = t.rows == 16;
         const int kc = stage_cols(t.rows);
         const int per_tile = (op.k + kc - 1) / kc;
-        task_start(p, t, op, xs);
+        if (ti == begin || p.tasks[ti - 1].op != t.op) task_start(p, t, op, xs);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st, ++used) {
             const int s = static_cast<int>(used % stages);
@@ -317,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
         const bool two = t.rows == 16;
         const int kc = stage_cols(t.rows);
         const int per_tile = (op.k + kc - 1) / kc;
-        task_start(p, t, op, xs);
+        if (ti == begin || p.tasks[ti - 1].op != t.op) task_start(p, t, op, xs);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st) {
             // This slot's copies are done (stages - 2 newer groups may still be in flight), and

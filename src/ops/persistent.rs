@@ -60,7 +60,10 @@ pub struct Task {
     pub op: u32,
     pub row0: u32,
     pub rows: u32,
-    pub pad_: u32,
+    /// What the task adds to its counter when done: a block's consecutive tiles of one op (a run)
+    /// share one wait and one copy of x at the first and one add of the run's length at the last;
+    /// 0 on the others.
+    pub signal_add: u32,
 }
 
 // SAFETY: plain 32-bit fields, laid out as the kernel's `Task`.
@@ -140,14 +143,23 @@ pub fn schedule(ops: &[GemvNode], blocks: usize) -> Result<Schedule, OpsError> {
                 op: j as u32,
                 row0: (tile * op.tile_rows) as u32,
                 rows: op.tile_rows as u32,
-                pad_: 0,
+                signal_add: 0,
             });
             next += 1;
         }
     }
     let mut begin = vec![0u32];
     let mut tasks = Vec::with_capacity(next);
-    for list in lists {
+    for mut list in lists {
+        // The last tile of each run of one op adds the run's length.
+        let mut run = 0;
+        for i in 0..list.len() {
+            run += 1;
+            if list.get(i + 1).is_none_or(|next| next.op != list[i].op) {
+                list[i].signal_add = run;
+                run = 0;
+            }
+        }
         tasks.extend(list);
         begin.push(tasks.len() as u32);
     }
@@ -182,7 +194,7 @@ impl Schedule {
             let n = signals.len();
             *signals
                 .get_mut(c)
-                .ok_or(format!("task signals counter {c} of {n}"))? += 1;
+                .ok_or(format!("task signals counter {c} of {n}"))? += t.signal_add;
         }
         if signals != self.per_launch {
             return Err(format!(
@@ -194,6 +206,23 @@ impl Schedule {
             let list = &self.tasks[self.begin[b] as usize..self.begin[b + 1] as usize];
             if list.windows(2).any(|w| w[1].op < w[0].op) {
                 return Err(format!("block {b} runs an op before an earlier one"));
+            }
+            // Each run of one op signals once, at its last tile, with its length: a tile of a
+            // later op never waits on a count that a tile after it in the same block would add.
+            let mut run = 0;
+            for (i, t) in list.iter().enumerate() {
+                run += 1;
+                let last = list.get(i + 1).is_none_or(|next| next.op != t.op);
+                let want = if last { run } else { 0 };
+                if t.signal_add != want || t.signal_counter != t.op as i32 {
+                    return Err(format!(
+                        "block {b}: a tile of op {} adds {} to counter {} (its run wants {want} on counter {})",
+                        t.op, t.signal_add, t.signal_counter, t.op
+                    ));
+                }
+                if last {
+                    run = 0;
+                }
             }
             for t in list {
                 if t.wait_counter < 0 {
@@ -589,6 +618,29 @@ mod tests {
     }
 
     #[test]
+    fn a_run_of_one_op_in_a_block_signals_once_with_its_length() {
+        // 6, 5 and 13 tiles dealt round robin over 2 blocks: block 0 gets tiles 0, 2, 4 of op 0,
+        // then (the deal going on at tile 6) 0, 2, 4 of op 1, then (at 11) 1, 3, .., 11 of op 2.
+        let s = schedule(&chain(), 2).unwrap();
+        let block0 = &s.tasks[..s.begin[1] as usize];
+        let adds: Vec<(u32, u32)> = block0.iter().map(|t| (t.op, t.signal_add)).collect();
+        let mut want = vec![(0, 0), (0, 0), (0, 3), (1, 0), (1, 0), (1, 3)];
+        want.extend([(2, 0); 5]);
+        want.push((2, 6));
+        assert_eq!(adds, want);
+        for block in s.begin.windows(2) {
+            let list = &s.tasks[block[0] as usize..block[1] as usize];
+            let total: u32 = list.iter().map(|t| t.signal_add).sum();
+            assert_eq!(total as usize, list.len(), "every tile counted once");
+            for w in list.windows(2) {
+                if w[0].op == w[1].op {
+                    assert_eq!(w[0].signal_add, 0, "only a run's last tile signals");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_deal_goes_on_where_the_last_op_left_off() {
         // 6 tiles of op 0 over 4 blocks end at block 1; op 1 starts at block 2.
         let s = schedule(&chain(), 4).unwrap();
@@ -660,5 +712,11 @@ mod tests {
         let mut s = schedule(&chain(), 3).unwrap();
         s.per_launch[2] += 1;
         assert!(s.check().is_err());
+        // A run's add moved to its first tile: the totals hold, the check still refuses it.
+        let mut s = schedule(&chain(), 1).unwrap();
+        let (first, last) = (0, 5);
+        s.tasks[first].signal_add = s.tasks[last].signal_add;
+        s.tasks[last].signal_add = 0;
+        assert!(s.check().unwrap_err().contains("its run wants"));
     }
 }
