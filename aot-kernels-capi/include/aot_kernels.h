@@ -22,7 +22,7 @@
 
 #define AOT_KERNELS_ABI_VERSION_MAJOR 1
 
-#define AOT_KERNELS_ABI_VERSION_MINOR 1
+#define AOT_KERNELS_ABI_VERSION_MINOR 2
 
 // What the header was generated for; pass it to `aot_check_abi`.
 #define AOT_KERNELS_ABI_VERSION ((AOT_KERNELS_ABI_VERSION_MAJOR << 16) | AOT_KERNELS_ABI_VERSION_MINOR)
@@ -178,6 +178,120 @@ typedef struct AotAttentionDecode {
   // (Qwen3.5/3.6).
   float weight_offset;
 } AotAttentionDecode;
+
+// The arguments of `aot_gdn_recurrent_bf16`: device buffers, each with its declared length in
+// elements (the workspace in bytes), 16-byte aligned (the kernels are compiled assuming it), and
+// the shapes. Tokens are the batch's, sequence after sequence; `conv_dim` is
+// `2 key_heads key_dim + value_heads value_dim` (channels `[q | k | v]`).
+typedef struct AotGdn {
+  // `bf16[n_tokens][conv_dim]`: the `in_proj_qkv` output of every token.
+  AotDevicePtr qkv;
+  size_t qkv_len;
+  // `bf16[n_tokens][value_heads]`: the `in_proj_a` output (the decay's input).
+  AotDevicePtr a;
+  size_t a_len;
+  // `bf16[n_tokens][value_heads]`: the `in_proj_b` output (beta's input).
+  AotDevicePtr b;
+  size_t b_len;
+  // `bf16[n_tokens][value_heads * value_dim]`: the `in_proj_z` output (the output gate).
+  AotDevicePtr z;
+  size_t z_len;
+  // `bf16[conv_dim][conv_width]`: `conv1d.weight`.
+  AotDevicePtr conv_weight;
+  size_t conv_weight_len;
+  // `float[value_heads]`: `A_log`, as fp32.
+  AotDevicePtr a_log;
+  size_t a_log_len;
+  // `float[value_heads]`: `dt_bias`, as fp32.
+  AotDevicePtr dt_bias;
+  size_t dt_bias_len;
+  // `bf16[value_dim]`: the gated RMSNorm's weight (`norm.weight`).
+  AotDevicePtr norm_weight;
+  size_t norm_weight_len;
+  // `bf16[state_slots][conv_width - 1][conv_dim]`: each slot's last conv inputs, oldest first;
+  // a sequence's slot is read (unless `has_state` is 0) and shifted by its tokens.
+  AotDevicePtr conv_state;
+  size_t conv_state_len;
+  // `float[state_slots][value_heads][key_dim][value_dim]`: each slot's delta-rule state; a
+  // sequence's slot is read (unless `has_state` is 0) and left after its last token.
+  AotDevicePtr recurrent_state;
+  size_t recurrent_state_len;
+  // Slots of both state pools: at least 1.
+  size_t state_slots;
+  // `int32[n_seqs + 1]`: token offsets, `0 = cu_seqlens[0] < cu_seqlens[1] < .. <
+  // cu_seqlens[n_seqs] = n_tokens` (each sequence at least one token).
+  AotDevicePtr cu_seqlens;
+  size_t cu_seqlens_len;
+  // `int32[n_seqs]`: each sequence's state slot, `0..state_slots`, distinct in one launch.
+  AotDevicePtr slot_of_seq;
+  size_t slot_of_seq_len;
+  // `int32[n_seqs]`: 0 for a new request (its slot's old content is ignored and overwritten),
+  // 1 to continue from its slot's states.
+  AotDevicePtr has_state;
+  size_t has_state_len;
+  // `bf16[n_tokens][value_heads * value_dim]`: `w * rmsnorm(o) * silu(z)` per value head, the
+  // input of `out_proj`.
+  AotDevicePtr out;
+  size_t out_len;
+  // 16-byte aligned, `workspace_bytes` long: see `aot_gdn_recurrent_workspace_bytes`.
+  AotDevicePtr workspace;
+  size_t workspace_bytes;
+  // Sequences: 1..=n_tokens.
+  size_t n_seqs;
+  // Tokens of all sequences together: 1..2^31.
+  size_t n_tokens;
+  // The layer's shape: 16, 32, 128, 128 and 4 (Qwen3.5/3.6-35B-A3B), the only one the kernels
+  // are built for.
+  size_t key_heads;
+  size_t value_heads;
+  size_t key_dim;
+  size_t value_dim;
+  size_t conv_width;
+  // The gated RMSNorm's epsilon: finite, > 0.
+  float eps;
+} AotGdn;
+
+// The arguments of `aot_moe_forward_bf16`: device buffers, each with its declared length in
+// elements (the workspace in bytes), 16-byte aligned (the kernels are compiled assuming it), and
+// the shapes. The weights are row-major as transformers stores them.
+typedef struct AotMoe {
+  // `bf16[n_tokens][hidden]`: the block's input (after the post-attention norm).
+  AotDevicePtr x;
+  size_t x_len;
+  // `bf16[experts][hidden]`: the router (`gate.weight`).
+  AotDevicePtr router;
+  size_t router_len;
+  // `bf16[hidden]`: the shared expert's gate (`shared_expert_gate.weight`).
+  AotDevicePtr shared_gate;
+  size_t shared_gate_len;
+  // `bf16[experts][2 inter][hidden]`: each expert's gate_proj rows, then its up_proj rows.
+  AotDevicePtr gate_up;
+  size_t gate_up_len;
+  // `bf16[experts][hidden][inter]`: each expert's down_proj.
+  AotDevicePtr down;
+  size_t down_len;
+  // `bf16[2 inter][hidden]`: the shared expert's gate_proj rows, then its up_proj rows.
+  AotDevicePtr shared_gate_up;
+  size_t shared_gate_up_len;
+  // `bf16[hidden][inter]`: the shared expert's down_proj.
+  AotDevicePtr shared_down;
+  size_t shared_down_len;
+  // `bf16[n_tokens][hidden]`: the block's output.
+  AotDevicePtr out;
+  size_t out_len;
+  // 16-byte aligned, `workspace_bytes` long: see `aot_moe_forward_workspace_bytes`.
+  AotDevicePtr workspace;
+  size_t workspace_bytes;
+  // Tokens: 1..=16.
+  size_t n_tokens;
+  // The block's shape: 2048, 256, 8 and 512 (Qwen3.5/3.6-35B-A3B), the only one the kernels
+  // are built for.
+  size_t hidden;
+  size_t experts;
+  size_t top_k;
+  // Intermediate size of each expert and of the shared expert.
+  size_t inter;
+} AotMoe;
 
 #ifdef __cplusplus
 extern "C" {
@@ -423,6 +537,82 @@ AotStatus aot_attention_decode_workspace_bytes(size_t rows,
 AotStatus aot_attention_decode_bf16(const struct AotBackend *backend,
                                     void *stream,
                                     const struct AotAttentionDecode *args);
+
+// `*bytes` = the size of the workspace that `aot_gdn_recurrent_bf16` needs for `tokens` tokens
+// of this shape: the conv output (`tokens x conv_dim` bf16). Allocate it 16-byte aligned
+// (`cuMemAlloc` is); it holds nothing between launches (no zeroing needed), so one sized for some
+// tokens serves every launch of as many or fewer on its stream.
+//
+// # Safety
+// `bytes` is null (an error) or points to one `size_t`.
+AotStatus aot_gdn_recurrent_workspace_bytes(size_t tokens,
+                                            size_t key_heads,
+                                            size_t value_heads,
+                                            size_t key_dim,
+                                            size_t value_dim,
+                                            size_t conv_width,
+                                            size_t *bytes);
+
+// One Gated DeltaNet layer's kernel work, token by token, for a batch of sequences (a decode
+// step: one token each; a prompt's tokens: several): the causal conv over each sequence's conv
+// state and new tokens, SiLU; q and k L2-normalised, `beta = sigmoid(b)`,
+// `g = -exp(A_log) softplus(a + dt_bias)`; per value head the fp32 state `S = exp(g) S`,
+// `S += k (beta (v - S^T k))^T`, `o = S^T q`; `out = w * rmsnorm(o) * silu(z)`. Both states of
+// each sequence's slot are updated. A sequence's outputs and states are the same bits however its
+// tokens are split into launches. Slots and offsets are read on the device: keep them in range
+// (they are not checked there).
+//
+// # Safety
+// `args` is null (an error) or points to one `AotGdn`; its buffers and `backend`, `stream` as for
+// `aot_rmsnorm_bf16`.
+AotStatus aot_gdn_recurrent_bf16(const struct AotBackend *backend,
+                                 void *stream,
+                                 const struct AotGdn *args);
+
+// `*bytes` = the size of the workspace that `aot_moe_forward_bf16` needs for `tokens` tokens
+// (1..=16) of this shape: the router logits, the routing, and each (token, expert) pair's
+// intermediates. Allocate it 16-byte aligned (`cuMemAlloc` is); it holds nothing between launches
+// (no zeroing needed), so one sized for 16 tokens serves every launch on its stream.
+//
+// # Safety
+// `bytes` is null (an error) or points to one `size_t`.
+AotStatus aot_moe_forward_workspace_bytes(size_t tokens,
+                                          size_t hidden,
+                                          size_t experts,
+                                          size_t top_k,
+                                          size_t inter,
+                                          size_t *bytes);
+
+// The MoE block for `n_tokens` rows of `x` into `out`: `p = softmax(x router^T)`, the `top_k`
+// largest divided by their sum; `out = sum over the chosen experts of p_e down_e(silu(gate_e x) *
+// up_e x)`, in ascending expert order, `+ sigmoid(x . shared_gate) * shared_expert(x)`, rounded
+// to bf16 where transformers rounds in a bf16 model. Only the chosen experts' weights are read.
+//
+// # Safety
+// `args` is null (an error) or points to one `AotMoe`; its buffers and `backend`, `stream` as for
+// `aot_rmsnorm_bf16`.
+AotStatus aot_moe_forward_bf16(const struct AotBackend *backend,
+                               void *stream,
+                               const struct AotMoe *args);
+
+// In place, per element: `x = bf16(x * bf16(sigmoid(gate)))` (Qwen3.5/3.6's gated attention,
+// the attention output times the sigmoid of the gate half of its q projection). `x` holds `rows`
+// rows (1..=65535) of `width` bf16 every `ld_x`, `gate` `rows` rows of `width` every `ld_gate`, so
+// that the gate can be a column range of a fused projection's output. `x` must not overlap
+// `gate`.
+//
+// # Safety
+// As for `aot_rmsnorm_bf16`.
+AotStatus aot_sigmoid_gate_mul_bf16(const struct AotBackend *backend,
+                                    void *stream,
+                                    AotDevicePtr x,
+                                    size_t x_len,
+                                    size_t ld_x,
+                                    AotDevicePtr gate,
+                                    size_t gate_len,
+                                    size_t ld_gate,
+                                    size_t rows,
+                                    size_t width);
 
 // The library's ABI version, `major << 16 | minor`.
 uint32_t aot_abi_version(void);

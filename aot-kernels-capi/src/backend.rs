@@ -100,6 +100,38 @@ impl AotBackend {
         launch(&kernels).map_err(CapiError::from)
     }
 
+    /// `AOT_STATUS_LOAD` naming the first of `modules` this backend did not load, and why (the
+    /// plan's reason: the Triton modules are built with CUDA 13 only, so a 12.x driver has none),
+    /// before `op` reaches a launcher that would word it as a bad argument.
+    pub(crate) fn require_modules(&self, op: &str, modules: &[&str]) -> Result<(), CapiError> {
+        let report = self.kernels.report();
+        let Some(missing) = modules
+            .iter()
+            .find(|name| !report.modules.iter().any(|m| m.module == **name))
+        else {
+            return Ok(());
+        };
+        let plan = dispatch::plan(
+            report.device,
+            report.policy,
+            false,
+            &ModuleSource::registry(),
+        );
+        let why = plan
+            .modules
+            .iter()
+            .find(|m| m.module == *missing)
+            .and_then(|m| m.unavailable.clone().or_else(|| m.error.clone()))
+            .unwrap_or_else(|| "no image of it was loaded".to_string());
+        Err(CapiError::new(
+            AotStatus::Load,
+            format!(
+                "{op} needs module `{missing}`, which this backend did not load: {why} (device {}: {}; the Triton modules of the Gated DeltaNet and MoE ops are built with CUDA 13 only and need a driver that supports CUDA 13.0; aot_backend_report_json lists what was loaded)",
+                report.ordinal, report.device
+            ),
+        ))
+    }
+
     fn on_stream(&self, stream: sys::CUstream) -> Result<Arc<LoadedKernels>, CapiError> {
         let ours = self.kernels.context().cu_ctx();
         if !stream.is_null() {

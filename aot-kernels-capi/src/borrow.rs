@@ -47,3 +47,49 @@ impl<T> Drop for Borrowed<T> {
         let _caller_owns_it = slice.leak();
     }
 }
+
+/// A backend scratch struct that owns `CudaSlice`s ([`aot_kernels::ops::gated_delta_net::GdnScratch`],
+/// [`aot_kernels::ops::moe::MoeScratch`]) whose slices lie in the caller's workspace: handed back
+/// without freeing, as [`Borrowed`] does, also when a panic unwinds through the launch.
+pub(crate) trait CallerSlices {
+    /// Lets go of every slice without freeing it.
+    fn leak_slices(self);
+}
+
+pub(crate) struct Lent<S: CallerSlices>(ManuallyDrop<S>);
+
+impl<S: CallerSlices> Lent<S> {
+    /// `scratch`'s slices were made with [`slice`] (or point nowhere the backend frees).
+    pub fn new(scratch: S) -> Self {
+        Lent(ManuallyDrop::new(scratch))
+    }
+}
+
+impl<S: CallerSlices> Deref for Lent<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.0
+    }
+}
+
+impl<S: CallerSlices> DerefMut for Lent<S> {
+    fn deref_mut(&mut self) -> &mut S {
+        &mut self.0
+    }
+}
+
+impl<S: CallerSlices> Drop for Lent<S> {
+    fn drop(&mut self) {
+        // SAFETY: the scratch is not used after this; `leak_slices` frees none of its memory.
+        unsafe { ManuallyDrop::take(&mut self.0) }.leak_slices();
+    }
+}
+
+/// A `CudaSlice` over the caller's checked buffer (a part of its workspace), for a scratch struct
+/// held in [`Lent`] at once.
+///
+/// # Safety
+/// As for [`Borrowed::new`]; the slice must be leaked, never dropped.
+pub(crate) unsafe fn slice<T>(stream: &Arc<CudaStream>, arg: DeviceArg<T>) -> CudaSlice<T> {
+    stream.upgrade_device_ptr(arg.ptr, arg.len)
+}

@@ -1,5 +1,5 @@
 //! The C ABI of aot-kernels, for C and C++ engines: a backend loaded on a device or on the
-//! engine's own `CUcontext`, the Qwen decode ops launched on the engine's `CUstream` and device
+//! engine's own `CUcontext`, the Qwen3 and Qwen3.5/3.6-35B-A3B decode ops launched on the engine's `CUstream` and device
 //! pointers, the dispatch plan and load report as JSON.
 //!
 //! Every exported call returns an [`AotStatus`] (stable values) and keeps its failure's message
@@ -29,7 +29,7 @@ pub mod version;
 
 pub use args::AotDevicePtr;
 pub use backend::{AotBackend, AotPolicy, AOT_BACKEND_NO_POINTER_CHECK};
-pub use ops::{AotAttentionDecode, AotSamplingParams};
+pub use ops::{AotAttentionDecode, AotGdn, AotMoe, AotSamplingParams};
 pub use status::AotStatus;
 pub use version::{
     AOT_KERNELS_ABI_VERSION, AOT_KERNELS_ABI_VERSION_MAJOR, AOT_KERNELS_ABI_VERSION_MINOR,

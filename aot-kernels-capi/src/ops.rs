@@ -8,6 +8,13 @@
 //!
 //! Decode attention: [`aot_attention_decode_bf16`] on an [`AotAttentionDecode`], with its workspace
 //! sized by [`aot_attention_decode_workspace_bytes`].
+//!
+//! The hybrid Qwen3.5/3.6-35B-A3B layers: the output gate of gated attention
+//! ([`aot_sigmoid_gate_mul_bf16`]), Gated DeltaNet ([`aot_gdn_recurrent_bf16`] on an [`AotGdn`],
+//! workspace [`aot_gdn_recurrent_workspace_bytes`]) and the MoE block ([`aot_moe_forward_bf16`] on
+//! an [`AotMoe`], workspace [`aot_moe_forward_workspace_bytes`]). The last two run Triton modules
+//! built with CUDA 13 only, at the model's shapes only: on an older driver they are not loaded,
+//! and a launch says so with `AOT_STATUS_LOAD`.
 
 use std::ffi::c_void;
 
@@ -23,9 +30,15 @@ use crate::last_error::boundary;
 use crate::status::{AotStatus, CapiError};
 
 mod attention;
+mod gated_delta_net;
+mod moe;
+mod output_gate;
 pub use attention::{
     aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, AotAttentionDecode,
 };
+pub use gated_delta_net::{aot_gdn_recurrent_bf16, aot_gdn_recurrent_workspace_bytes, AotGdn};
+pub use moe::{aot_moe_forward_bf16, aot_moe_forward_workspace_bytes, AotMoe};
+pub use output_gate::aot_sigmoid_gate_mul_bf16;
 
 /// bf16 and f32 buffers that kernels read one element at a time.
 const ALIGN_BF16: u64 = 2;
@@ -41,6 +54,43 @@ fn finite(name: &str, v: f32) -> Result<f32, CapiError> {
         )));
     }
     Ok(v)
+}
+
+/// The value a Triton module was compiled for as its constexpr `name`.
+fn constexpr(module: &str, name: &str) -> Result<usize, CapiError> {
+    aot_kernels::ops::triton::record(module)
+        .and_then(|r| r.constexpr(name))
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| {
+            CapiError::new(
+                AotStatus::Internal,
+                format!("module `{module}` has no constexpr `{name}` in this build"),
+            )
+        })
+}
+
+/// `value` if the Triton module was compiled for it as its constexpr `name`, else an error naming
+/// the field and the value the kernels take (they are built for one model's shapes).
+fn compiled_for(field: &str, value: usize, module: &str, name: &str) -> Result<usize, CapiError> {
+    let built = constexpr(module, name)?;
+    if value != built {
+        return Err(CapiError::invalid(format!(
+            "`{field}` {value}: the `{module}` kernels are built for {built} only (the Qwen3.5/3.6-35B-A3B shape)"
+        )));
+    }
+    Ok(value)
+}
+
+/// Byte offsets of arrays of `bytes` bytes laid one after another, each starting 16-byte aligned
+/// (the Triton kernels are compiled assuming every pointer is), and the bytes they take in all.
+fn aligned_parts<const N: usize>(bytes: [usize; N]) -> ([usize; N], usize) {
+    let mut offsets = [0; N];
+    let mut end = 0usize;
+    for (offset, b) in offsets.iter_mut().zip(bytes) {
+        *offset = end.next_multiple_of(ALIGN_VEC as usize);
+        end = *offset + b;
+    }
+    (offsets, end)
 }
 
 /// The epsilon of an RMSNorm: finite and not negative.

@@ -10,7 +10,7 @@ use crate::last_error::boundary;
 use crate::status::{AotStatus, CapiError};
 
 pub const AOT_KERNELS_ABI_VERSION_MAJOR: u32 = 1;
-pub const AOT_KERNELS_ABI_VERSION_MINOR: u32 = 1;
+pub const AOT_KERNELS_ABI_VERSION_MINOR: u32 = 2;
 /// What the header was generated for; pass it to `aot_check_abi`.
 pub const AOT_KERNELS_ABI_VERSION: u32 =
     (AOT_KERNELS_ABI_VERSION_MAJOR << 16) | AOT_KERNELS_ABI_VERSION_MINOR;

@@ -1,6 +1,10 @@
-//! The C ABI on a real GPU: launches through it give the Rust launchers' bits (decode attention
-//! also the reference's values), the caller's context stays current and alive, the pointer check
-//! names a short allocation.
+//! The C ABI on a real GPU: launches through it give the Rust launchers' bits (decode attention,
+//! the output gate, Gated DeltaNet and MoE also the references' values), the caller's context stays
+//! current and alive, the pointer check names a short allocation.
+//!
+//! Gated DeltaNet and MoE run Triton modules compiled for the Qwen3.5/3.6-35B-A3B shapes only (and
+//! with CUDA 13 only: they need a driver of CUDA 13.0 or newer), so their tests use those shapes,
+//! with the backend's own fixtures and tolerances (tests/triton_common).
 //!
 //! `#[ignore]`d (they need a CUDA GPU): run them with `--ignored` on the GPU machine.
 
@@ -14,22 +18,40 @@ use aot_kernels::ops::attention::{
     attention_decode, attention_decode_reference, attn_scratch_needs, attn_splits,
     qkv_head_reference, AttnDecode, AttnScratch, QkvShape, BLOCK_TOKENS, MAX_SPLITS,
 };
-use aot_kernels::ops::compare::ulp_distance;
+use aot_kernels::ops::compare::{compare, ulp_distance};
+use aot_kernels::ops::gated_delta_net::{
+    gdn_recurrent, gdn_reference, GdnInputs, GdnLayer, GdnParamsHost, GdnScratch, GdnSequences,
+    GdnState,
+};
 use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
+use aot_kernels::ops::moe::{
+    moe_forward, moe_reference, moe_reference_from_logits, moe_router_logits_reference, route,
+    routing_margin_ulps, MoeLayer, MoeReference, MoeScratch, MoeWeightsHost,
+};
+use aot_kernels::ops::output_gate::{sigmoid_gate_mul, sigmoid_gate_reference};
 use aot_kernels::ops::rmsnorm::{rmsnorm, RmsNormParams};
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
 use aot_kernels_capi::backend::{aot_backend_create_in_context, aot_backend_destroy};
 use aot_kernels_capi::last_error::aot_last_error_message;
 use aot_kernels_capi::ops::{
-    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, aot_gemv_bf16_f32,
-    aot_rmsnorm_bf16,
+    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, aot_gdn_recurrent_bf16,
+    aot_gdn_recurrent_workspace_bytes, aot_gemv_bf16_f32, aot_moe_forward_bf16,
+    aot_moe_forward_workspace_bytes, aot_rmsnorm_bf16, aot_sigmoid_gate_mul_bf16,
 };
-use aot_kernels_capi::{AotAttentionDecode, AotBackend, AotStatus};
+use aot_kernels_capi::{AotAttentionDecode, AotBackend, AotGdn, AotMoe, AotStatus};
 use cudarc::driver::sys;
 use cudarc::driver::DevicePtr;
 use half::bf16;
 use rand::{Rng, SeedableRng};
+
+/// The backend's fixtures and tolerances for its Triton kernels' GPU tests.
+#[path = "../../tests/triton_common/mod.rs"]
+mod triton_common;
+use triton_common::{
+    bf, bf16_chain_near, bf16_error, f32_error, gdn_batch, gdn_fixture, GdnBatchHost, BF16_MAX_REL,
+    BF16_NEAR_SHARE, F32_MAX_REL, F32_NEAR_SHARE, GDN, MOE,
+};
 
 fn last_error() -> String {
     // SAFETY: this thread's message, valid until its next call.
@@ -648,4 +670,546 @@ fn gpu_attention_decode_workspace_serves_launches_of_fewer_rows_and_stays_zeroed
     assert_eq!(outs[2], outs[0], "the batch again differs");
     // SAFETY: the backend from above, no longer used.
     assert_eq!(unsafe { aot_backend_destroy(backend) }, AotStatus::Ok);
+}
+
+/// One output-gate case: its name, C's result, the launcher's, the reference's.
+type GateRun = (String, Vec<bf16>, Vec<bf16>, Vec<bf16>);
+
+/// The output gate of the A3B attention (32 heads of 128 gated, the gates a column range of rows
+/// of 9216 after `[q | k | v]`) and an odd width, through the C ABI and the Rust launcher: (name,
+/// C's result, the launcher's, the reference's).
+fn sigmoid_gate_runs() -> Vec<GateRun> {
+    let (backend, kernels) = attention_setup();
+    let stream = kernels.stream().clone();
+    let mut runs = Vec::new();
+    for (i, (rows, width, ld_x, ld_gate, gate_at)) in
+        [(8, 4096, 4096 + 64, 9216, 5120), (3, 300, 301, 700, 33)]
+            .into_iter()
+            .enumerate()
+    {
+        let x = random(rows * ld_x, 40 + i as u64, 4.0);
+        let g = random(rows * ld_gate, 50 + i as u64, 8.0);
+        let (x_c, mut x_rust, dg) = (
+            stream.clone_htod(&x).unwrap(),
+            stream.clone_htod(&x).unwrap(),
+            stream.clone_htod(&g).unwrap(),
+        );
+        // SAFETY: live allocations of this context of the declared lengths (the gate from
+        // `gate_at` on).
+        let status = unsafe {
+            aot_sigmoid_gate_mul_bf16(
+                backend,
+                stream.cu_stream().cast(),
+                addr(&stream, &x_c),
+                x_c.len(),
+                ld_x,
+                addr(&stream, &dg) + 2 * gate_at as u64,
+                dg.len() - gate_at,
+                ld_gate,
+                rows,
+                width,
+            )
+        };
+        assert_eq!(status, AotStatus::Ok, "{}", last_error());
+        sigmoid_gate_mul(
+            &kernels,
+            dev_mut(&kernels, &mut x_rust),
+            ld_x,
+            dev(&kernels, &dg).skip(gate_at).unwrap(),
+            ld_gate,
+            rows,
+            width,
+        )
+        .unwrap();
+        let mut want = x.clone();
+        sigmoid_gate_reference(&mut want, ld_x, &g[gate_at..], ld_gate, rows, width);
+        stream.synchronize().unwrap();
+        runs.push((
+            format!("sigmoid_gate_mul {rows}x{width}"),
+            stream.clone_dtoh(&x_c).unwrap(),
+            stream.clone_dtoh(&x_rust).unwrap(),
+            want,
+        ));
+    }
+    // SAFETY: the backend from above, no longer used.
+    assert_eq!(unsafe { aot_backend_destroy(backend) }, AotStatus::Ok);
+    runs
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_sigmoid_gate_through_the_c_abi_gives_the_rust_launchers_bits() {
+    for (name, c, rust, _) in sigmoid_gate_runs() {
+        assert_eq!(c, rust, "{name}: bits");
+    }
+}
+
+/// The tolerance of tests/gpu_kernels.rs: within 2 ulps of the reference; the stride gap untouched.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_sigmoid_gate_through_the_c_abi_matches_the_reference() {
+    for (name, c, _, want) in sigmoid_gate_runs() {
+        let r = compare(&c, &want);
+        eprintln!("{name}: vs CPU reference: {r}");
+        assert!(
+            c.iter().any(|v| v.to_f32() != 0.0),
+            "{name}: nothing written"
+        );
+        assert!(r.max_ulps <= 2, "{name}: {r}");
+    }
+}
+
+/// State slots of the GDN tests (the fixture's decode batch uses slots up to 11).
+const GDN_SLOTS: usize = 12;
+
+/// One GDN batch on the device from the given states, with its output.
+struct GdnBuffers {
+    n_seqs: usize,
+    n_tokens: usize,
+    conv_weight: CudaSlice<bf16>,
+    a_log: CudaSlice<f32>,
+    dt_bias: CudaSlice<f32>,
+    norm_weight: CudaSlice<bf16>,
+    conv_state: CudaSlice<bf16>,
+    recurrent_state: CudaSlice<f32>,
+    cu_seqlens: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    has_state: CudaSlice<i32>,
+    qkv: CudaSlice<bf16>,
+    a: CudaSlice<bf16>,
+    b: CudaSlice<bf16>,
+    z: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+}
+
+/// A GDN run's output, conv state and recurrent state.
+type GdnOut = (Vec<bf16>, Vec<bf16>, Vec<f32>);
+
+impl GdnBuffers {
+    fn new(
+        st: &Arc<CudaStream>,
+        p: &GdnParamsHost,
+        batch: &GdnBatchHost,
+        conv0: &[bf16],
+        rec0: &[f32],
+    ) -> Self {
+        let n_tokens: usize = batch.seqs.iter().map(|s| s.len).sum();
+        let slots: Vec<i32> = batch.seqs.iter().map(|s| s.slot as i32).collect();
+        let has: Vec<i32> = batch.seqs.iter().map(|s| i32::from(s.has_state)).collect();
+        GdnBuffers {
+            n_seqs: batch.seqs.len(),
+            n_tokens,
+            conv_weight: st.clone_htod(&p.conv_weight).unwrap(),
+            a_log: st.clone_htod(&p.a_log).unwrap(),
+            dt_bias: st.clone_htod(&p.dt_bias).unwrap(),
+            norm_weight: st.clone_htod(&p.norm_weight).unwrap(),
+            conv_state: st.clone_htod(conv0).unwrap(),
+            recurrent_state: st.clone_htod(rec0).unwrap(),
+            cu_seqlens: st
+                .clone_htod(&triton_common::cu_seqlens(&batch.seqs))
+                .unwrap(),
+            slots: st.clone_htod(&slots).unwrap(),
+            has_state: st.clone_htod(&has).unwrap(),
+            qkv: st.clone_htod(&batch.qkv).unwrap(),
+            a: st.clone_htod(&batch.a).unwrap(),
+            b: st.clone_htod(&batch.b).unwrap(),
+            z: st.clone_htod(&batch.z).unwrap(),
+            out: st.alloc_zeros(n_tokens * GDN.value_width()).unwrap(),
+        }
+    }
+
+    fn launch_c(&self, backend: *mut AotBackend, st: &Arc<CudaStream>, eps: f32) {
+        let mut bytes = 0;
+        // SAFETY: one writable size_t.
+        let status = unsafe {
+            aot_gdn_recurrent_workspace_bytes(
+                self.n_tokens,
+                GDN.key_heads,
+                GDN.value_heads,
+                GDN.key_dim,
+                GDN.value_dim,
+                GDN.conv_width,
+                &mut bytes,
+            )
+        };
+        assert_eq!(status, AotStatus::Ok, "{}", last_error());
+        let workspace = st.alloc_zeros::<u8>(bytes).unwrap();
+        let args = AotGdn {
+            qkv: addr(st, &self.qkv),
+            qkv_len: self.qkv.len(),
+            a: addr(st, &self.a),
+            a_len: self.a.len(),
+            b: addr(st, &self.b),
+            b_len: self.b.len(),
+            z: addr(st, &self.z),
+            z_len: self.z.len(),
+            conv_weight: addr(st, &self.conv_weight),
+            conv_weight_len: self.conv_weight.len(),
+            a_log: addr(st, &self.a_log),
+            a_log_len: self.a_log.len(),
+            dt_bias: addr(st, &self.dt_bias),
+            dt_bias_len: self.dt_bias.len(),
+            norm_weight: addr(st, &self.norm_weight),
+            norm_weight_len: self.norm_weight.len(),
+            conv_state: addr(st, &self.conv_state),
+            conv_state_len: self.conv_state.len(),
+            recurrent_state: addr(st, &self.recurrent_state),
+            recurrent_state_len: self.recurrent_state.len(),
+            state_slots: GDN_SLOTS,
+            cu_seqlens: addr(st, &self.cu_seqlens),
+            cu_seqlens_len: self.cu_seqlens.len(),
+            slot_of_seq: addr(st, &self.slots),
+            slot_of_seq_len: self.slots.len(),
+            has_state: addr(st, &self.has_state),
+            has_state_len: self.has_state.len(),
+            out: addr(st, &self.out),
+            out_len: self.out.len(),
+            workspace: addr(st, &workspace),
+            workspace_bytes: workspace.len(),
+            n_seqs: self.n_seqs,
+            n_tokens: self.n_tokens,
+            key_heads: GDN.key_heads,
+            value_heads: GDN.value_heads,
+            key_dim: GDN.key_dim,
+            value_dim: GDN.value_dim,
+            conv_width: GDN.conv_width,
+            eps,
+        };
+        // SAFETY: every address is a live allocation of this context of its declared length.
+        let status = unsafe { aot_gdn_recurrent_bf16(backend, st.cu_stream().cast(), &args) };
+        assert_eq!(status, AotStatus::Ok, "{}", last_error());
+        st.synchronize().unwrap();
+    }
+
+    fn launch_rust(&mut self, kernels: &LoadedKernels, eps: f32) {
+        let st = kernels.stream();
+        let mut scratch = GdnScratch::new(st, &GDN, self.n_tokens).unwrap();
+        let layer = GdnLayer {
+            conv_weight: &self.conv_weight,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm_weight,
+            eps,
+        };
+        let mut state = GdnState {
+            conv: &mut self.conv_state,
+            recurrent: &mut self.recurrent_state,
+            slots: GDN_SLOTS,
+        };
+        let seqs = GdnSequences {
+            n_seqs: self.n_seqs,
+            n_tokens: self.n_tokens,
+            cu_seqlens: &self.cu_seqlens,
+            slots: &self.slots,
+            has_state: &self.has_state,
+        };
+        let inputs = GdnInputs {
+            qkv: &self.qkv,
+            a: &self.a,
+            b: &self.b,
+            z: &self.z,
+        };
+        gdn_recurrent(
+            kernels,
+            &GDN,
+            &layer,
+            &mut state,
+            &seqs,
+            &inputs,
+            &mut scratch,
+            &mut self.out,
+        )
+        .unwrap();
+        st.synchronize().unwrap();
+    }
+
+    fn results(&self, st: &Arc<CudaStream>) -> GdnOut {
+        st.synchronize().unwrap();
+        (
+            st.clone_dtoh(&self.out).unwrap(),
+            st.clone_dtoh(&self.conv_state).unwrap(),
+            st.clone_dtoh(&self.recurrent_state).unwrap(),
+        )
+    }
+}
+
+/// Each GDN batch (8 sequences of one token in scattered slots; 3, 1 and 5 tokens, the 1 a new
+/// request over a stale slot) through the C ABI, the Rust launcher and `gdn_reference`: (name,
+/// C's, the launcher's, the reference's).
+fn gdn_runs() -> Vec<(&'static str, GdnOut, GdnOut, GdnOut)> {
+    let (backend, kernels) = attention_setup();
+    let st = kernels.stream().clone();
+    let mut rng = triton_common::rng(60);
+    let fixture = gdn_fixture(&mut rng, GDN_SLOTS);
+    let varlen = gdn_batch(&mut rng, &[3, 1, 5], &[4, 6, 8], &[true, false, true]);
+    let (p, conv0, rec0) = (&fixture.params, &fixture.conv0, &fixture.rec0);
+    let runs = [("decode", &fixture.decode), ("varlen", &varlen)]
+        .into_iter()
+        .map(|(name, batch)| {
+            let through_c = GdnBuffers::new(&st, p, batch, conv0, rec0);
+            through_c.launch_c(backend, &st, p.eps);
+            let mut rust = GdnBuffers::new(&st, p, batch, conv0, rec0);
+            rust.launch_rust(&kernels, p.eps);
+            let (mut conv, mut rec) = (conv0.clone(), rec0.clone());
+            let out = gdn_reference(
+                &GDN,
+                p,
+                &mut conv,
+                &mut rec,
+                &batch.seqs,
+                &batch.qkv,
+                &batch.a,
+                &batch.b,
+                &batch.z,
+            );
+            (
+                name,
+                through_c.results(&st),
+                rust.results(&st),
+                (out, conv, rec),
+            )
+        })
+        .collect();
+    // SAFETY: the backend from above, no longer used.
+    assert_eq!(unsafe { aot_backend_destroy(backend) }, AotStatus::Ok);
+    runs
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_gdn_recurrent_through_the_c_abi_gives_the_rust_launchers_bits() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, c, rust, _) in gdn_runs() {
+        assert_eq!(c.0, rust.0, "{name}: out bits");
+        assert_eq!(c.1, rust.1, "{name}: conv state bits");
+        assert!(bits(&c.2) == bits(&rust.2), "{name}: recurrent state bits");
+    }
+}
+
+/// The tolerances of tests/gpu_triton_kernels.rs: the output within 2% of its largest value and
+/// 98% within 2 ulps, the conv state equal, the fp32 state within 1% and 99.9% within 1e-4.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_gdn_recurrent_through_the_c_abi_matches_the_reference() {
+    for (name, c, _, want) in gdn_runs() {
+        let (rel, near) = bf16_error(&c.0, &want.0);
+        eprintln!("gdn {name} out: max |diff| {rel:.2e} of max, {near:.4} within 2 ulp");
+        assert!(c.0.iter().all(|v| v.is_finite()), "{name}: non-finite out");
+        assert!(
+            c.0.iter().any(|v| v.to_f32() != 0.0),
+            "{name}: nothing written"
+        );
+        assert!(
+            rel <= BF16_MAX_REL && near >= BF16_NEAR_SHARE,
+            "{name} out: rel {rel}, near {near}"
+        );
+        assert_eq!(c.1, want.1, "{name}: conv state");
+        let (rel, near) = f32_error(&c.2, &want.2);
+        eprintln!("gdn {name} state: max |diff| {rel:.2e} of max, {near:.5} near");
+        assert!(
+            rel <= F32_MAX_REL && near >= F32_NEAR_SHARE,
+            "{name} state: rel {rel}, near {near}"
+        );
+    }
+}
+
+/// An MoE block at the A3B shape whose experts no input chooses are NaN (reading one shows), and
+/// inputs of 1 and 5 tokens whose top-8 router logits lead the next by at least 2 ulps (the choice
+/// of experts then cannot depend on the summation order).
+struct MoeCase {
+    weights: MoeWeightsHost,
+    inputs: Vec<Vec<bf16>>,
+}
+
+fn moe_case(seed: u64) -> MoeCase {
+    let mut rng = triton_common::rng(seed);
+    let (h, e, i) = (MOE.hidden, MOE.experts, MOE.inter);
+    let mut w = MoeWeightsHost {
+        router: bf(&mut rng, e * h, 0.05),
+        shared_gate: bf(&mut rng, h, 0.05),
+        gate_up: vec![bf16::NAN; e * 2 * i * h],
+        down: vec![bf16::NAN; e * h * i],
+        shared_gate_up: bf(&mut rng, 2 * i * h, 0.0625),
+        shared_down: bf(&mut rng, h * i, 0.0625),
+    };
+    let inputs: Vec<Vec<bf16>> = [1, 5]
+        .into_iter()
+        .map(|tokens| loop {
+            let x = bf(&mut rng, tokens * h, 2.0);
+            if routing_margin_ulps(&MOE, &moe_router_logits_reference(&MOE, &w, &x)) >= 2 {
+                break x;
+            }
+        })
+        .collect();
+    let mut chosen = std::collections::BTreeSet::new();
+    for x in &inputs {
+        let logits = moe_router_logits_reference(&MOE, &w, x);
+        for row in logits.chunks(e + 1) {
+            chosen.extend(route(&row[..e], MOE.top_k).0);
+        }
+    }
+    for j in chosen {
+        let gu = bf(&mut rng, 2 * i * h, 0.0625);
+        w.gate_up[j * 2 * i * h..(j + 1) * 2 * i * h].copy_from_slice(&gu);
+        let d = bf(&mut rng, h * i, 0.0625);
+        w.down[j * h * i..(j + 1) * h * i].copy_from_slice(&d);
+    }
+    MoeCase { weights: w, inputs }
+}
+
+/// One MoE input through the C ABI and the Rust launcher: C's output, the launcher's, and the
+/// launcher's routing (ids) and router logits.
+struct MoeRun {
+    x: Vec<bf16>,
+    c: Vec<bf16>,
+    rust: Vec<bf16>,
+    ids: Vec<i32>,
+    logits: Vec<bf16>,
+}
+
+fn moe_runs(case: &MoeCase) -> Vec<MoeRun> {
+    let (backend, kernels) = attention_setup();
+    let st = kernels.stream().clone();
+    let w = &case.weights;
+    let up = |v: &[bf16]| st.clone_htod(v).unwrap();
+    let (router, shared_gate, gate_up, down, shared_gate_up, shared_down) = (
+        up(&w.router),
+        up(&w.shared_gate),
+        up(&w.gate_up),
+        up(&w.down),
+        up(&w.shared_gate_up),
+        up(&w.shared_down),
+    );
+    // One workspace for 16 tokens serves every launch.
+    let mut bytes = 0;
+    // SAFETY: one writable size_t.
+    let status = unsafe {
+        aot_moe_forward_workspace_bytes(
+            16,
+            MOE.hidden,
+            MOE.experts,
+            MOE.top_k,
+            MOE.inter,
+            &mut bytes,
+        )
+    };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    let workspace = st.alloc_zeros::<u8>(bytes).unwrap();
+    let mut scratch = MoeScratch::new(&st, &MOE, 16).unwrap();
+    let runs = case
+        .inputs
+        .iter()
+        .map(|x| {
+            let tokens = x.len() / MOE.hidden;
+            let dx = up(x);
+            let (out_c, mut out_rust) = (
+                st.alloc_zeros::<bf16>(x.len()).unwrap(),
+                st.alloc_zeros::<bf16>(x.len()).unwrap(),
+            );
+            let args = AotMoe {
+                x: addr(&st, &dx),
+                x_len: dx.len(),
+                router: addr(&st, &router),
+                router_len: router.len(),
+                shared_gate: addr(&st, &shared_gate),
+                shared_gate_len: shared_gate.len(),
+                gate_up: addr(&st, &gate_up),
+                gate_up_len: gate_up.len(),
+                down: addr(&st, &down),
+                down_len: down.len(),
+                shared_gate_up: addr(&st, &shared_gate_up),
+                shared_gate_up_len: shared_gate_up.len(),
+                shared_down: addr(&st, &shared_down),
+                shared_down_len: shared_down.len(),
+                out: addr(&st, &out_c),
+                out_len: out_c.len(),
+                workspace: addr(&st, &workspace),
+                workspace_bytes: workspace.len(),
+                n_tokens: tokens,
+                hidden: MOE.hidden,
+                experts: MOE.experts,
+                top_k: MOE.top_k,
+                inter: MOE.inter,
+            };
+            // SAFETY: every address is a live allocation of this context of its declared length.
+            let status = unsafe { aot_moe_forward_bf16(backend, st.cu_stream().cast(), &args) };
+            assert_eq!(status, AotStatus::Ok, "{}", last_error());
+            let layer = MoeLayer {
+                router: &router,
+                shared_gate: &shared_gate,
+                gate_up: &gate_up,
+                down: &down,
+                shared_gate_up: &shared_gate_up,
+                shared_down: &shared_down,
+            };
+            moe_forward(
+                &kernels,
+                &MOE,
+                &layer,
+                &dx,
+                tokens,
+                &mut scratch,
+                &mut out_rust,
+            )
+            .unwrap();
+            st.synchronize().unwrap();
+            MoeRun {
+                x: x.clone(),
+                c: st.clone_dtoh(&out_c).unwrap(),
+                rust: st.clone_dtoh(&out_rust).unwrap(),
+                ids: st.clone_dtoh(&scratch.topk_ids).unwrap()[..tokens * MOE.top_k].to_vec(),
+                logits: st.clone_dtoh(&scratch.logits).unwrap()[..tokens * (MOE.experts + 1)]
+                    .to_vec(),
+            }
+        })
+        .collect();
+    // SAFETY: the backend from above, no longer used.
+    assert_eq!(unsafe { aot_backend_destroy(backend) }, AotStatus::Ok);
+    runs
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_moe_forward_through_the_c_abi_gives_the_rust_launchers_bits() {
+    for run in moe_runs(&moe_case(70)) {
+        let tokens = run.x.len() / MOE.hidden;
+        assert_eq!(run.c, run.rust, "moe {tokens} tokens: out bits");
+    }
+}
+
+/// The tolerances of tests/gpu_triton_kernels.rs: the routing equal to the reference's; the output
+/// against the reference fed the kernel's own router logits within 2% of its largest value and 98%
+/// within 2 ulps at the scale of each element's bf16 rounding chain, and end to end within 2%.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
+fn gpu_moe_forward_through_the_c_abi_matches_the_reference() {
+    let case = moe_case(80);
+    for run in moe_runs(&case) {
+        let tokens = run.x.len() / MOE.hidden;
+        let want: MoeReference = moe_reference(&MOE, &case.weights, &run.x);
+        assert_eq!(run.ids, want.topk_ids, "moe {tokens} tokens: routing");
+        let own = moe_reference_from_logits(&MOE, &case.weights, &run.x, &run.logits);
+        let (rel, _) = bf16_error(&run.c, &own.out);
+        let chain_near = bf16_chain_near(&run.c, &own.out, &own.out_chain);
+        eprintln!(
+            "moe {tokens} tokens out: max |diff| {rel:.2e} of max, {chain_near:.4} within 2 ulp of its chain"
+        );
+        assert!(
+            run.c.iter().all(|v| v.is_finite()),
+            "moe {tokens} tokens: non-finite out"
+        );
+        assert!(
+            run.c.iter().any(|v| v.to_f32() != 0.0),
+            "moe {tokens} tokens: nothing written"
+        );
+        assert!(
+            rel <= BF16_MAX_REL && chain_near >= BF16_NEAR_SHARE,
+            "moe {tokens} tokens out: rel {rel}, near its chain {chain_near}"
+        );
+        let (end_to_end, _) = bf16_error(&run.c, &want.out);
+        assert!(
+            end_to_end <= BF16_MAX_REL,
+            "moe {tokens} tokens end to end: rel {end_to_end}"
+        );
+    }
 }

@@ -11,16 +11,22 @@ use std::ptr::{null, null_mut};
 
 use aot_kernels::dispatch::driver::driver_present;
 use aot_kernels::ops::attention::attn_scratch_needs;
+use aot_kernels::ops::gated_delta_net::GdnShape;
+use aot_kernels::ops::moe::MoeShape;
 use aot_kernels_capi::backend::{
     aot_backend_create, aot_backend_create_in_context, aot_backend_destroy,
 };
 use aot_kernels_capi::json::aot_plan_json_simulated;
 use aot_kernels_capi::last_error::aot_last_error_message;
 use aot_kernels_capi::ops::{
-    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, aot_gemv_bf16,
-    aot_rmsnorm_bf16, aot_sample_tokens, aot_silu_and_mul_bf16,
+    aot_attention_decode_bf16, aot_attention_decode_workspace_bytes, aot_gdn_recurrent_bf16,
+    aot_gdn_recurrent_workspace_bytes, aot_gemv_bf16, aot_moe_forward_bf16,
+    aot_moe_forward_workspace_bytes, aot_rmsnorm_bf16, aot_sample_tokens,
+    aot_sigmoid_gate_mul_bf16, aot_silu_and_mul_bf16,
 };
-use aot_kernels_capi::{AotAttentionDecode, AotBackend, AotSamplingParams, AotStatus};
+use aot_kernels_capi::{
+    AotAttentionDecode, AotBackend, AotGdn, AotMoe, AotSamplingParams, AotStatus,
+};
 
 fn last_error() -> String {
     // SAFETY: this thread's message, valid until its next call.
@@ -588,6 +594,470 @@ fn attention_workspace_bytes_is_the_backends_scratch_and_names_bad_heads_and_a_n
     assert_eq!(
         last_error(),
         "aot_attention_decode_workspace_bytes: `bytes` is null"
+    );
+}
+
+/// The output gate with made-up buffers (null backend), its status and message.
+fn sigmoid_gate(x: u64, x_len: usize, ld_x: usize, gate: u64, rows: usize) -> (AotStatus, String) {
+    // SAFETY: no pointer is dereferenced before the checks this test exercises.
+    let status = unsafe {
+        aot_sigmoid_gate_mul_bf16(
+            null(),
+            null_mut(),
+            x,
+            x_len,
+            ld_x,
+            gate,
+            4 * 96,
+            96,
+            rows,
+            64,
+        )
+    };
+    (status, last_error())
+}
+
+#[test]
+fn sigmoid_gate_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
+    let cases = [
+        (0, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `x` is null"),
+        (
+            X + 1,
+            256,
+            64,
+            W,
+            4,
+            AotStatus::Misaligned,
+            "aot_sigmoid_gate_mul_bf16: `x` (0x7f0000000001) is not 2-byte aligned",
+        ),
+        (
+            X,
+            3 * 128 + 63,
+            128,
+            W,
+            4,
+            AotStatus::DeviceBufferTooSmall,
+            "aot_sigmoid_gate_mul_bf16: `x` is declared 447 elements long; the shape (rows 4 of width 64 every ld_x 128) needs 448",
+        ),
+        (
+            X,
+            256,
+            64,
+            X + 64,
+            4,
+            AotStatus::InvalidArgument,
+            "aot_sigmoid_gate_mul_bf16: `x` and `gate` overlap",
+        ),
+        (
+            X,
+            256,
+            32,
+            W,
+            4,
+            AotStatus::InvalidArgument,
+            "aot_sigmoid_gate_mul_bf16: `ld_x` 32 is below the row width width 64",
+        ),
+        (
+            X,
+            256,
+            64,
+            W,
+            0,
+            AotStatus::InvalidArgument,
+            "aot_sigmoid_gate_mul_bf16: `rows` 0 must be 1..=65535",
+        ),
+        (X, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `backend` is null"),
+    ];
+    for (x, x_len, ld_x, gate, rows, status, text) in cases {
+        let (got, message) = sigmoid_gate(x, x_len, ld_x, gate, rows);
+        assert_eq!(got, status, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+/// A well-formed GDN launch on made-up addresses: 3 sequences of 5 tokens, 4 slots.
+fn gdn_args() -> AotGdn {
+    let s = GdnShape::QWEN3_5_A3B;
+    let (n, n_seqs, slots) = (5, 3, 4);
+    let mut workspace_bytes = 0;
+    // SAFETY: one writable size_t.
+    let status = unsafe {
+        aot_gdn_recurrent_workspace_bytes(
+            n,
+            s.key_heads,
+            s.value_heads,
+            s.key_dim,
+            s.value_dim,
+            s.conv_width,
+            &mut workspace_bytes,
+        )
+    };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    let at = |i: u64| 0x7f00_0000_0000 + (i << 28);
+    AotGdn {
+        qkv: at(0),
+        qkv_len: n * s.conv_dim(),
+        a: at(1),
+        a_len: n * s.value_heads,
+        b: at(2),
+        b_len: n * s.value_heads,
+        z: at(3),
+        z_len: n * s.value_width(),
+        conv_weight: at(4),
+        conv_weight_len: s.conv_dim() * s.conv_width,
+        a_log: at(5),
+        a_log_len: s.value_heads,
+        dt_bias: at(6),
+        dt_bias_len: s.value_heads,
+        norm_weight: at(7),
+        norm_weight_len: s.value_dim,
+        conv_state: at(8),
+        conv_state_len: slots * s.conv_state_len(),
+        recurrent_state: at(9),
+        recurrent_state_len: slots * s.recurrent_state_len(),
+        state_slots: slots,
+        cu_seqlens: at(10),
+        cu_seqlens_len: n_seqs + 1,
+        slot_of_seq: at(11),
+        slot_of_seq_len: n_seqs,
+        has_state: at(12),
+        has_state_len: n_seqs,
+        out: at(13),
+        out_len: n * s.value_width(),
+        workspace: at(14),
+        workspace_bytes,
+        n_seqs,
+        n_tokens: n,
+        key_heads: s.key_heads,
+        value_heads: s.value_heads,
+        key_dim: s.key_dim,
+        value_dim: s.value_dim,
+        conv_width: s.conv_width,
+        eps: 1e-6,
+    }
+}
+
+/// The GDN launch with `args` (null backend: only the argument checks run).
+fn gdn(args: *const AotGdn) -> (AotStatus, String) {
+    // SAFETY: `args` is null or one struct; no device pointer is used (null backend).
+    let status = unsafe { aot_gdn_recurrent_bf16(null(), null_mut(), args) };
+    (status, last_error())
+}
+
+#[test]
+fn gdn_names_null_args_and_with_good_ones_the_null_backend() {
+    assert_eq!(
+        gdn(null()),
+        (
+            AotStatus::NullArgument,
+            "aot_gdn_recurrent_bf16: `args` is null".to_string()
+        )
+    );
+    assert_eq!(
+        gdn(&gdn_args()),
+        (
+            AotStatus::NullArgument,
+            "aot_gdn_recurrent_bf16: `backend` is null".to_string()
+        )
+    );
+}
+
+#[test]
+fn gdn_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
+    let good = gdn_args();
+    let cases = [
+        (
+            AotGdn { qkv: 0, ..good },
+            AotStatus::NullArgument,
+            "aot_gdn_recurrent_bf16: `args->qkv` is null",
+        ),
+        (
+            AotGdn { has_state: 0, ..good },
+            AotStatus::NullArgument,
+            "aot_gdn_recurrent_bf16: `args->has_state` is null",
+        ),
+        (
+            AotGdn { a_log: good.a_log + 4, ..good },
+            AotStatus::Misaligned,
+            "aot_gdn_recurrent_bf16: `args->a_log` (0x7f0050000004) is not 16-byte aligned",
+        ),
+        (
+            AotGdn { recurrent_state_len: good.recurrent_state_len - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_gdn_recurrent_bf16: `args->recurrent_state` is declared 2097151 elements long; the shape (state_slots 4 x value_heads 32 x key_dim 128 x value_dim 128) needs 2097152",
+        ),
+        (
+            AotGdn { cu_seqlens_len: 3, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_gdn_recurrent_bf16: `args->cu_seqlens` is declared 3 elements long; the shape (n_seqs + 1 4) needs 4",
+        ),
+        (
+            AotGdn { workspace_bytes: good.workspace_bytes - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_gdn_recurrent_bf16: `args->workspace` is declared 81919 elements long; the shape (aot_gdn_recurrent_workspace_bytes of n_tokens 5) needs 81920",
+        ),
+        (
+            AotGdn { out: good.z, ..good },
+            AotStatus::InvalidArgument,
+            "aot_gdn_recurrent_bf16: `args->out` and `args->z` overlap",
+        ),
+        (
+            AotGdn { recurrent_state: good.conv_state + 16, ..good },
+            AotStatus::InvalidArgument,
+            "aot_gdn_recurrent_bf16: `args->conv_state` and `args->recurrent_state` overlap",
+        ),
+    ];
+    for (args, status, text) in cases {
+        let (got, message) = gdn(&args);
+        assert_eq!(got, status, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+    // Buffers it only reads may share bytes: a and b from one fused projection, say.
+    assert_eq!(
+        gdn(&AotGdn { b: good.a, ..good }).1,
+        "aot_gdn_recurrent_bf16: `backend` is null"
+    );
+}
+
+#[test]
+fn gdn_names_a_shape_the_kernels_lack_and_a_bad_batch() {
+    let good = gdn_args();
+    let cases = [
+        (
+            AotGdn { value_heads: 8, ..good },
+            "aot_gdn_recurrent_bf16: `args->value_heads` 8: the `gdn_recurrent` kernels are built for 32 only",
+        ),
+        (
+            AotGdn { key_dim: 64, ..good },
+            "aot_gdn_recurrent_bf16: `args->key_dim` 64: the `gdn_recurrent` kernels are built for 128 only",
+        ),
+        (
+            AotGdn { n_seqs: 6, ..good },
+            "aot_gdn_recurrent_bf16: `args->n_seqs` 6 must be 1..=`args->n_tokens` 5",
+        ),
+        (
+            AotGdn { n_tokens: 0, ..good },
+            "aot_gdn_recurrent_bf16: `args->n_tokens` 0 must be 1..2^31",
+        ),
+        (
+            AotGdn { state_slots: 0, ..good },
+            "aot_gdn_recurrent_bf16: `args->state_slots` is 0: it must be at least 1",
+        ),
+        (
+            AotGdn { eps: 0.0, ..good },
+            "aot_gdn_recurrent_bf16: `args->eps` 0 must be > 0",
+        ),
+    ];
+    for (args, text) in cases {
+        let (got, message) = gdn(&args);
+        assert_eq!(got, AotStatus::InvalidArgument, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+#[test]
+fn gdn_workspace_bytes_is_the_conv_output_and_names_a_bad_shape_and_a_null_out() {
+    let s = GdnShape::QWEN3_5_A3B;
+    let query = |tokens, key_heads, bytes: *mut usize| {
+        // SAFETY: `bytes` is null or one writable size_t.
+        unsafe {
+            aot_gdn_recurrent_workspace_bytes(
+                tokens,
+                key_heads,
+                s.value_heads,
+                s.key_dim,
+                s.value_dim,
+                s.conv_width,
+                bytes,
+            )
+        }
+    };
+    let mut bytes = 0usize;
+    assert_eq!(
+        query(7, s.key_heads, &mut bytes),
+        AotStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert_eq!(bytes, 2 * 7 * s.conv_dim());
+    assert_eq!(query(7, 4, &mut bytes), AotStatus::InvalidArgument);
+    assert_eq!(
+        last_error(),
+        "aot_gdn_recurrent_workspace_bytes: `key_heads` 4: the `gdn_recurrent` kernels are built for 16 only (the Qwen3.5/3.6-35B-A3B shape)"
+    );
+    assert_eq!(query(7, s.key_heads, null_mut()), AotStatus::NullArgument);
+    assert_eq!(
+        last_error(),
+        "aot_gdn_recurrent_workspace_bytes: `bytes` is null"
+    );
+}
+
+/// A well-formed MoE launch on made-up addresses: 3 tokens.
+fn moe_args() -> AotMoe {
+    let s = MoeShape::QWEN3_5_A3B;
+    let (n, h, e, i) = (3, s.hidden, s.experts, s.inter);
+    let mut workspace_bytes = 0;
+    // SAFETY: one writable size_t.
+    let status =
+        unsafe { aot_moe_forward_workspace_bytes(n, h, e, s.top_k, i, &mut workspace_bytes) };
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    let at = |k: u64| 0x7f00_0000_0000 + (k << 32);
+    AotMoe {
+        x: at(0),
+        x_len: n * h,
+        router: at(1),
+        router_len: e * h,
+        shared_gate: at(2),
+        shared_gate_len: h,
+        gate_up: at(3),
+        gate_up_len: e * 2 * i * h,
+        down: at(4),
+        down_len: e * h * i,
+        shared_gate_up: at(5),
+        shared_gate_up_len: 2 * i * h,
+        shared_down: at(6),
+        shared_down_len: h * i,
+        out: at(7),
+        out_len: n * h,
+        workspace: at(8),
+        workspace_bytes,
+        n_tokens: n,
+        hidden: h,
+        experts: e,
+        top_k: s.top_k,
+        inter: i,
+    }
+}
+
+/// The MoE launch with `args` (null backend: only the argument checks run).
+fn moe(args: *const AotMoe) -> (AotStatus, String) {
+    // SAFETY: `args` is null or one struct; no device pointer is used (null backend).
+    let status = unsafe { aot_moe_forward_bf16(null(), null_mut(), args) };
+    (status, last_error())
+}
+
+#[test]
+fn moe_names_null_args_and_with_good_ones_the_null_backend() {
+    assert_eq!(
+        moe(null()),
+        (
+            AotStatus::NullArgument,
+            "aot_moe_forward_bf16: `args` is null".to_string()
+        )
+    );
+    assert_eq!(
+        moe(&moe_args()),
+        (
+            AotStatus::NullArgument,
+            "aot_moe_forward_bf16: `backend` is null".to_string()
+        )
+    );
+}
+
+#[test]
+fn moe_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
+    let good = moe_args();
+    let cases = [
+        (
+            AotMoe { router: 0, ..good },
+            AotStatus::NullArgument,
+            "aot_moe_forward_bf16: `args->router` is null",
+        ),
+        (
+            AotMoe { x: good.x + 8, ..good },
+            AotStatus::Misaligned,
+            "aot_moe_forward_bf16: `args->x` (0x7f0000000008) is not 16-byte aligned",
+        ),
+        (
+            AotMoe { down_len: good.down_len - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_moe_forward_bf16: `args->down` is declared 268435455 elements long; the shape (experts 256 x hidden 2048 x inter 512) needs 268435456",
+        ),
+        (
+            AotMoe { workspace_bytes: good.workspace_bytes - 1, ..good },
+            AotStatus::DeviceBufferTooSmall,
+            "aot_moe_forward_bf16: `args->workspace` is declared",
+        ),
+        (
+            AotMoe { workspace: good.x, ..good },
+            AotStatus::InvalidArgument,
+            "aot_moe_forward_bf16: `args->workspace` and `args->x` overlap",
+        ),
+        (
+            AotMoe { out: good.workspace + 16, ..good },
+            AotStatus::InvalidArgument,
+            "aot_moe_forward_bf16: `args->out` and `args->workspace` overlap",
+        ),
+    ];
+    for (args, status, text) in cases {
+        let (got, message) = moe(&args);
+        assert_eq!(got, status, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+#[test]
+fn moe_names_a_shape_the_kernels_lack_and_too_many_tokens() {
+    let good = moe_args();
+    let cases = [
+        (
+            AotMoe { experts: 16, ..good },
+            "aot_moe_forward_bf16: `args->experts` 16: the `moe_router` kernels are built for 256 only",
+        ),
+        (
+            AotMoe { top_k: 2, ..good },
+            "aot_moe_forward_bf16: `args->top_k` 2: the `moe_route` kernels are built for 8 only",
+        ),
+        (
+            AotMoe { n_tokens: 17, ..good },
+            "aot_moe_forward_bf16: `args->n_tokens` 17: the kernels take 1..=16 tokens a launch",
+        ),
+    ];
+    for (args, text) in cases {
+        let (got, message) = moe(&args);
+        assert_eq!(got, AotStatus::InvalidArgument, "{message}");
+        assert!(message.starts_with(text), "{message} (want {text})");
+    }
+}
+
+#[test]
+fn moe_workspace_bytes_grows_with_the_tokens_and_names_a_bad_shape_and_a_null_out() {
+    let s = MoeShape::QWEN3_5_A3B;
+    let query = |tokens, inter, bytes: *mut usize| {
+        // SAFETY: `bytes` is null or one writable size_t.
+        unsafe {
+            aot_moe_forward_workspace_bytes(tokens, s.hidden, s.experts, s.top_k, inter, bytes)
+        }
+    };
+    let (mut one, mut sixteen) = (0usize, 0usize);
+    assert_eq!(
+        query(1, s.inter, &mut one),
+        AotStatus::Ok,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        query(16, s.inter, &mut sixteen),
+        AotStatus::Ok,
+        "{}",
+        last_error()
+    );
+    // At least the intermediates `h` and `y` of every (token, expert) pair and the shared expert.
+    let rows = 16 * (s.top_k + 1);
+    assert!(
+        sixteen >= 2 * rows * (s.inter + s.hidden) && sixteen > one,
+        "{one} {sixteen}"
+    );
+    assert_eq!(query(1, 256, &mut one), AotStatus::InvalidArgument);
+    assert!(
+        last_error().starts_with("aot_moe_forward_workspace_bytes: `inter` 256: the `moe_gate_up` kernels are built for 512"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(query(1, s.inter, null_mut()), AotStatus::NullArgument);
+    assert_eq!(
+        last_error(),
+        "aot_moe_forward_workspace_bytes: `bytes` is null"
     );
 }
 
