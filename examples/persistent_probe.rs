@@ -6,6 +6,8 @@
 //! - `persistent`: one launch, one block per SM, counters between the ops, each block's weight
 //!   stream running ahead of the waits (`aot_kernels::ops::persistent`);
 //! - `persistent, 16-row tiles`: the same with the narrow ops (o, down) in 16-row tiles;
+//! - `persistent, row-major weights`: the first on the weights as a model stores them (a slot
+//!   one bulk copy per row) instead of packed ones (one copy a slot);
 //! - `launches`: the same kernel launched once per op (the launch-per-op execution model);
 //!
 //! and reads the same number of bytes with the streaming reader of the bench (the limit). Prints
@@ -19,7 +21,8 @@ use std::time::Instant;
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::init::fill_uniform_bf16;
 use aot_kernels::ops::persistent::{
-    pack_weights, schedule, GemvBinding, GemvNode, PackedWeights, PersistentStep,
+    pack_weights, schedule, GemvBinding, GemvNode, PackedWeights, PersistentStep, StepInput,
+    StepOutput, StepWeights,
 };
 use aot_kernels::ops::stream_read::{stream_read, Reader};
 use aot_kernels::ops::{dev, dev_mut};
@@ -31,6 +34,10 @@ struct Args {
     layers: usize,
     runs: usize,
     blocks: Option<usize>,
+    /// Launch without the programmatic attribute (to measure what it gives).
+    no_pdl: bool,
+    /// Where a stamped launch of each persistent schedule writes its table and timeline.
+    trace: Option<std::path::PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
@@ -38,9 +45,19 @@ fn args() -> Result<Args, String> {
         layers: 36,
         runs: 20,
         blocks: None,
+        no_pdl: false,
+        trace: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--no-pdl" {
+            a.no_pdl = true;
+            continue;
+        }
+        if flag == "--trace" {
+            a.trace = Some(it.next().ok_or("--trace needs a folder")?.into());
+            continue;
+        }
         let mut value = || -> Result<usize, String> {
             let v = it.next().ok_or(format!("{flag} needs a value"))?;
             v.parse().map_err(|_| format!("{flag} {v}: not a number"))
@@ -51,8 +68,8 @@ fn args() -> Result<Args, String> {
             "--blocks" => a.blocks = Some(value()?),
             _ => {
                 return Err(format!(
-                    "unknown argument `{flag}` (use --layers, --runs, --blocks)"
-                ))
+                "unknown argument `{flag}` (use --layers, --runs, --blocks, --no-pdl, --trace DIR)"
+            ))
             }
         }
     }
@@ -131,8 +148,9 @@ fn run() -> Result<(), String> {
     );
     let e = |e: aot_kernels::ops::OpsError| e.to_string();
     let d_err = |e: cudarc::driver::DriverError| e.to_string();
-    // Each weight made row-major, then packed for the tile rows of both schedules below (the
-    // narrow ops in 8- and 16-row tiles); the row-major copy is dropped.
+    // Each weight made row-major (kept: the row-major schedule streams it as it is), then packed
+    // for the tile rows of both packed schedules below (the narrow ops in 8- and 16-row tiles).
+    let mut rows: Vec<CudaSlice<bf16>> = Vec::with_capacity(ops.len());
     let mut w8: Vec<PackedWeights> = Vec::with_capacity(ops.len());
     let mut w16: Vec<Option<PackedWeights>> = Vec::with_capacity(ops.len());
     for (j, op) in ops.iter().enumerate() {
@@ -148,12 +166,23 @@ fn run() -> Result<(), String> {
             0.0,
         )
         .map_err(e)?;
-        w8.push(pack_weights(&kernels, dev(&kernels, &buf), op.n, op.k, op.tile_rows).map_err(e)?);
+        w8.push(
+            pack_weights(
+                &kernels,
+                dev(&kernels, &buf),
+                op.n,
+                op.k,
+                op.tile_rows,
+                false,
+            )
+            .map_err(e)?,
+        );
         w16.push(if op.tile_rows == 16 {
             None
         } else {
-            Some(pack_weights(&kernels, dev(&kernels, &buf), op.n, op.k, 16).map_err(e)?)
+            Some(pack_weights(&kernels, dev(&kernels, &buf), op.n, op.k, 16, false).map_err(e)?)
         });
+        rows.push(buf);
     }
     // The limit: the streaming readers over the same number of bytes, the faster of the two.
     let words = weight_bytes / 4 / 4 * 4;
@@ -202,18 +231,21 @@ fn run() -> Result<(), String> {
             .map(|o| s.alloc_zeros::<bf16>(m * o.n))
             .collect::<Result<_, _>>()
             .map_err(d_err)?;
+        // narrow: the narrow ops' tile rows (8 or 16) on packed weights; 0: 8-row tiles on the
+        // row-major weights.
         let bind = |j: usize, narrow: usize| GemvBinding {
-            w: if narrow == 16 {
-                w16[j].as_ref().unwrap_or(&w8[j])
-            } else {
-                &w8[j]
+            w: match narrow {
+                0 => StepWeights::RowMajor(dev(&kernels, &rows[j])),
+                16 => StepWeights::Packed(w16[j].as_ref().unwrap_or(&w8[j])),
+                _ => StepWeights::Packed(&w8[j]),
             },
             x: if j == 0 {
                 dev(&kernels, &x0)
             } else {
                 dev(&kernels, &outs[j - 1])
             },
-            out: dev(&kernels, &outs[j]),
+            input: StepInput::Plain,
+            out: StepOutput::Bf16(dev(&kernels, &outs[j])),
             m,
             ld_x: if j == 0 { ops[0].k } else { ops[j - 1].n },
             ld_out: ops[j].n,
@@ -230,8 +262,9 @@ fn run() -> Result<(), String> {
         for (name, narrow) in [
             ("persistent (8-row narrow tiles)", 8),
             ("persistent (16-row tiles)", 16),
+            ("persistent (row-major weights)", 0),
         ] {
-            let chain: Vec<GemvNode> = qwen3_4b_chain(a.layers, narrow);
+            let chain: Vec<GemvNode> = qwen3_4b_chain(a.layers, narrow.max(8));
             let sched = schedule(&chain, blocks).map_err(e)?;
             let mut step = PersistentStep::new(
                 &kernels,
@@ -240,8 +273,17 @@ fn run() -> Result<(), String> {
                 (0..chain.len()).map(|j| bind(j, narrow)).collect(),
             )
             .map_err(e)?;
+            step.set_programmatic(!a.no_pdl);
             let ms = time(&kernels, a.runs, || step.launch(&kernels).map_err(e))?;
             report(name, ms);
+            if let Some(dir) = &a.trace {
+                let tag = match narrow {
+                    0 => "row-major",
+                    16 => "packed-16",
+                    _ => "packed-8",
+                };
+                trace(&kernels, &mut step, dir, &format!("m{m}-{tag}"), name)?;
+            }
             results.push(
                 outs.last()
                     .map(|o| s.clone_dtoh(o))
@@ -253,8 +295,10 @@ fn run() -> Result<(), String> {
         for (j, op) in ops.iter().enumerate() {
             let node = GemvNode { after: None, ..*op };
             let sched = schedule(&[node], sms).map_err(e)?;
-            steps
-                .push(PersistentStep::new(&kernels, &[node], &sched, vec![bind(j, 8)]).map_err(e)?);
+            let mut st =
+                PersistentStep::new(&kernels, &[node], &sched, vec![bind(j, 8)]).map_err(e)?;
+            st.set_programmatic(!a.no_pdl);
+            steps.push(st);
         }
         let ms = time(&kernels, a.runs, || {
             steps
@@ -270,9 +314,9 @@ fn run() -> Result<(), String> {
             .map_err(d_err)?;
         // The launches use the first schedule's tiles (8-row narrow ones); tile rows are part of
         // the sum order, so only that one must give their bits.
-        let equal = results[0] == per_op;
+        let equal = results[0] == per_op && results[2] == per_op;
         println!(
-            "m {m}: lm_head output of the persistent launch (8-row narrow tiles) and of the launches: {}",
+            "m {m}: lm_head output of the persistent launches (8-row narrow tiles, packed and row-major) and of the launches: {}",
             if equal { "equal bits" } else { "DIFFERENT" }
         );
         if !equal {
@@ -281,6 +325,48 @@ fn run() -> Result<(), String> {
     }
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The probe's op kinds: qkv, o, gate_up and down by layer, then lm_head.
+fn kind_of(ops: usize) -> impl Fn(usize) -> String {
+    move |op| {
+        if op + 1 == ops {
+            "lm_head".into()
+        } else {
+            ["qkv", "o", "gate_up", "down"][op % 4].into()
+        }
+    }
+}
+
+/// One stamped launch of `step`: its table on stdout, its timeline as `<dir>/<file>.svg`.
+fn trace(
+    kernels: &LoadedKernels,
+    step: &mut PersistentStep<'_>,
+    dir: &std::path::Path,
+    file: &str,
+    name: &str,
+) -> Result<(), String> {
+    use aot_kernels::ops::persistent_trace::{kind_times, table, timeline_svg};
+    let e = |e: aot_kernels::ops::OpsError| e.to_string();
+    step.enable_stamps(kernels).map_err(e)?;
+    step.launch(kernels).map_err(e)?;
+    let runs = step.read_stamps(kernels).map_err(e)?;
+    let kinds = kind_of(step.schedule().per_launch.len());
+    println!(
+        "trace of {name} ({file}):\n{}",
+        table(&kind_times(&runs, &kinds))
+    );
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("{file}.svg"));
+    std::fs::write(
+        &path,
+        timeline_svg(
+            &[runs],
+            &kinds,
+            &format!("persistent_probe: {name}, {file}"),
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn main() {

@@ -264,3 +264,41 @@ pub unsafe fn launch_with_params(
     )
     .result()
 }
+
+/// Encodes a tensor map of a row-major `rows x cols` bf16 matrix at device address `addr` (16-byte
+/// aligned, `cols` a multiple of 8) for copies of `box_rows x box_cols` boxes, zero-filled past the
+/// matrix: the 128 bytes the Tensor Memory Accelerator reads (a host-side encoding; the map is
+/// then copied to device memory).
+pub fn tensor_map_2d_bf16(
+    addr: u64,
+    rows: usize,
+    cols: usize,
+    box_rows: usize,
+    box_cols: usize,
+) -> Result<[u64; 16], DriverError> {
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [(cols * 2) as u64];
+    let boxes: [u32; 2] = [box_cols as u32, box_rows as u32];
+    let elements: [u32; 2] = [1, 1];
+    let mut map: sys::CUtensorMap = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every pointer is to a live local array of the rank the call names; the driver only
+    // writes the map.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elements.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?
+    };
+    Ok(map.opaque)
+}

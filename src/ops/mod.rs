@@ -18,6 +18,7 @@ pub mod launch;
 pub mod moe;
 pub mod output_gate;
 pub mod persistent;
+pub mod persistent_trace;
 pub mod qk_norm_rope;
 pub mod random;
 pub mod rmsnorm;

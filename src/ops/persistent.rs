@@ -45,6 +45,16 @@ pub const MIN_STAGES: usize = 3;
 pub const MAX_TOKENS: usize = 8;
 
 const KIND_GEMV_TILE: u32 = 1;
+const LAYOUT_PACKED: i32 = 0;
+const LAYOUT_ROW_MAJOR: i32 = 1;
+const INPUT_PLAIN: i32 = 0;
+const INPUT_NORM: i32 = 1;
+const EPI_BF16: i32 = 0;
+const EPI_F32: i32 = 1;
+const EPI_RESIDUAL: i32 = 2;
+const EPI_SILU_MUL: i32 = 3;
+/// Words the kernel stamps at each run's first task ([`PersistentStep::enable_stamps`]).
+pub const STAMP_WORDS: usize = 6;
 
 /// One task as the kernel reads it (`Task` in the kernel, 32 bytes).
 #[repr(C)]
@@ -243,16 +253,83 @@ impl Schedule {
     }
 }
 
-/// One GEMV op's buffers: `w` its packed weights, `x` holds `m` rows of `k` every `ld_x`, `out` `m`
-/// rows of `n` every `ld_out` (bf16).
+/// Where an op's weights come from: packed for the step ([`pack_weights`]: a ring slot is one
+/// contiguous copy), or the row-major `n x k` tensor itself (a slot is one copy per row; no second
+/// copy of the model in memory).
+#[derive(Clone, Copy)]
+pub enum StepWeights<'a> {
+    Packed(&'a PackedWeights),
+    RowMajor(DevRef<'a, bf16>),
+}
+
+/// What an op multiplies: `x` itself, or its RMSNorm, built by each block that runs a tile of the
+/// op: per token row `bf16((w + offset) * bf16(x * rsqrt(mean(x^2) + eps)))`, the sum of squares
+/// over the bf16 `x`.
+#[derive(Clone, Copy)]
+pub enum StepInput<'a> {
+    Plain,
+    Norm {
+        weight: DevRef<'a, bf16>,
+        eps: f32,
+        weight_offset: f32,
+    },
+}
+
+/// Where an op's result goes (`y` the fp32 sum of a row), `m` rows every `ld_out`:
+/// - `Bf16`: `bf16(y)`; `F32`: `y`;
+/// - `Residual`: `out = bf16(out + bf16(y))`, the residual stream updated in place;
+/// - `SiluMul`: the op's `n` rows are gate rows `0..n/2` and up rows `n/2..n` of one weight, dealt
+///   in 16-row tiles of 8 gate and the 8 matching up rows; `out[j] = bf16(bf16(silu(bf16(gate_j)))
+///   * bf16(up_j))` for `j < n/2`.
 ///
-/// `out` is written through a shared view: in a step one op's `out` is the `x` of the ops after it,
-/// and the schedule, not the borrow checker, orders the write before the reads (the counters within
-/// a launch, the stream between launches). No two ops may write the same memory.
+/// The launch-per-op GEMV's epilogues (`ops::gemv`), roundings included.
+#[derive(Clone, Copy)]
+pub enum StepOutput<'a> {
+    Bf16(DevRef<'a, bf16>),
+    F32(DevRef<'a, f32>),
+    Residual(DevRef<'a, bf16>),
+    SiluMul(DevRef<'a, bf16>),
+}
+
+impl StepOutput<'_> {
+    /// Address, bytes and the columns a row holds (`n`, or `n / 2` for `SiluMul`).
+    fn span(&self, n: usize) -> (u64, usize, usize) {
+        match self {
+            StepOutput::Bf16(o) | StepOutput::Residual(o) => (o.addr(), 2 * o.len(), n),
+            StepOutput::SiluMul(o) => (o.addr(), 2 * o.len(), n / 2),
+            StepOutput::F32(o) => (o.addr(), 4 * o.len(), n),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            StepOutput::Bf16(o) | StepOutput::Residual(o) | StepOutput::SiluMul(o) => o.len(),
+            StepOutput::F32(o) => o.len(),
+        }
+    }
+
+    fn epilogue(&self) -> i32 {
+        match self {
+            StepOutput::Bf16(_) => EPI_BF16,
+            StepOutput::F32(_) => EPI_F32,
+            StepOutput::Residual(_) => EPI_RESIDUAL,
+            StepOutput::SiluMul(_) => EPI_SILU_MUL,
+        }
+    }
+}
+
+/// One GEMV op's buffers: `x` holds `m` rows of `k` every `ld_x`, `out` `m` rows every `ld_out`.
+///
+/// Activations are shared views: in a step one op's `out` is the `x` of the ops after it (and a
+/// residual stream is written by several), and the schedule, not the borrow checker, orders the
+/// accesses (the counters within a launch, the stream between launches): [`PersistentStep::new`]
+/// refuses two ops that touch the same memory, one of them writing, unless one runs after the
+/// other.
 pub struct GemvBinding<'a> {
-    pub w: &'a PackedWeights,
+    pub w: StepWeights<'a>,
     pub x: DevRef<'a, bf16>,
-    pub out: DevRef<'a, bf16>,
+    pub input: StepInput<'a>,
+    pub out: StepOutput<'a>,
     pub m: usize,
     pub ld_x: usize,
     pub ld_out: usize,
@@ -270,24 +347,60 @@ pub fn packed_len(n: usize, k: usize, rows: usize) -> usize {
 
 /// Weights in the layout the step streams: tile by tile, each tile's `[rows][kc]` slots in K order,
 /// so that a slot is one contiguous 16 KiB copy ([`pack_weights`]; [`pack_reference`] on the CPU).
+/// `paired`: the tiles of a [`StepOutput::SiluMul`] op (8 gate rows, then the matching 8 up rows).
 pub struct PackedWeights {
     pub data: CudaSlice<bf16>,
     pub n: usize,
     pub k: usize,
     pub rows: usize,
+    pub paired: bool,
 }
 
-/// Reference of the packing: `w` is `n x k` row-major.
-pub fn pack_reference(w: &[bf16], n: usize, k: usize, rows: usize) -> Vec<bf16> {
+/// The weight row that row `r` of the tile at `row0` holds, `None` past the weights: `row0 + r`,
+/// or with `pair` (the up rows' offset of a [`StepOutput::SiluMul`] op) gate row `j` for the first
+/// half of the tile and up row `pair + j` for the second, `j = row0 / 2 + r % (rows / 2)`.
+pub fn source_row(n: usize, pair: usize, rows: usize, row0: usize, r: usize) -> Option<usize> {
+    if pair == 0 {
+        return (row0 + r < n).then_some(row0 + r);
+    }
+    let half = rows / 2;
+    let j = row0 / 2 + r % half;
+    (j < pair).then_some(if r < half { j } else { pair + j })
+}
+
+/// Rows and columns of the boxes a slot is made of (`kBoxRows`, `kBoxCols`): the shape of one
+/// 2D tensor copy.
+pub const BOX_ROWS: usize = 8;
+pub const BOX_COLS: usize = 256;
+
+/// Where element `e` of a slot of a `rows`-row tile sits in the tile: (row, column) within the
+/// slot. A slot is boxes of `BOX_ROWS x BOX_COLS`, box (cb, rg) (columns `cb * BOX_COLS ..`, rows
+/// `rg * BOX_ROWS ..`) at index `cb * rows / BOX_ROWS + rg`, each row-major.
+pub fn slot_element(e: usize, rows: usize) -> (usize, usize) {
+    let (box_, within) = (e / (BOX_ROWS * BOX_COLS), e % (BOX_ROWS * BOX_COLS));
+    let groups = rows / BOX_ROWS;
+    let (cb, rg) = (box_ / groups, box_ % groups);
+    (
+        rg * BOX_ROWS + within / BOX_COLS,
+        cb * BOX_COLS + within % BOX_COLS,
+    )
+}
+
+/// Reference of the packing: `w` is `n x k` row-major; `paired` as [`PackedWeights::paired`].
+pub fn pack_reference(w: &[bf16], n: usize, k: usize, rows: usize, paired: bool) -> Vec<bf16> {
     let kc = slot_cols(rows);
     let per_tile = k.div_ceil(kc);
+    let pair = if paired { n / 2 } else { 0 };
     let mut out = vec![bf16::ZERO; packed_len(n, k, rows)];
     for (i, v) in out.iter_mut().enumerate() {
         let (slot, within) = (i / (STAGE_BYTES / 2), i % (STAGE_BYTES / 2));
         let (tile, stage) = (slot / per_tile, slot % per_tile);
-        let (row, col) = (tile * rows + within / kc, stage * kc + within % kc);
-        if row < n && col < k {
-            *v = w[row * k + col];
+        let (r, c) = slot_element(within, rows);
+        let col = stage * kc + c;
+        if let Some(row) = source_row(n, pair, rows, tile * rows, r) {
+            if col < k {
+                *v = w[row * k + col];
+            }
         }
     }
     out
@@ -301,20 +414,21 @@ struct PackParams {
     n: i32,
     k: i32,
     rows: i32,
-    pad_: i32,
+    pair: i32,
 }
 
 // SAFETY: plain fields, laid out as the kernel's `PackParams`.
 unsafe impl DeviceRepr for PackParams {}
 
-/// Packs `w` (`n x k` row-major bf16, `k` a multiple of 8) for `rows`-row tiles (8 or 16) into a
-/// new buffer on the kernels' stream.
+/// Packs `w` (`n x k` row-major bf16, `k` a multiple of 8) for `rows`-row tiles (8 or 16;
+/// `paired`: 16, `n` even) into a new buffer on the kernels' stream.
 pub fn pack_weights(
     kernels: &LoadedKernels,
     w: DevRef<'_, bf16>,
     n: usize,
     k: usize,
     rows: usize,
+    paired: bool,
 ) -> Result<PackedWeights, OpsError> {
     let op = "persistent_pack";
     if n == 0 || k == 0 || !k.is_multiple_of(8) || ![8, 16].contains(&rows) {
@@ -322,6 +436,14 @@ pub fn pack_weights(
             op,
             message: format!(
                 "{n} x {k} in {rows}-row tiles: need n > 0, k a positive multiple of 8, rows 8 or 16"
+            ),
+        });
+    }
+    if paired && (rows != 16 || !n.is_multiple_of(2)) {
+        return Err(OpsError::Shape {
+            op,
+            message: format!(
+                "gate and up rows paired in {rows}-row tiles of {n} rows: pairs need 16-row tiles and an even n"
             ),
         });
     }
@@ -338,7 +460,7 @@ pub fn pack_weights(
         n: to_i32(op, "n", n)?,
         k: to_i32(op, "k", k)?,
         rows: rows as i32,
-        pad_: 0,
+        pair: if paired { (n / 2) as i32 } else { 0 },
     };
     let pieces = len / 8;
     let cfg = LaunchConfig {
@@ -347,21 +469,35 @@ pub fn pack_weights(
         shared_mem_bytes: 0,
     };
     launch_params_pdl(kernels, op, MODULE, ENTRY_PACK, cfg, &p, false, None)?;
-    Ok(PackedWeights { data, n, k, rows })
+    Ok(PackedWeights {
+        data,
+        n,
+        k,
+        rows,
+        paired,
+    })
 }
 
-/// An op as the kernel reads it (`GemvOp`, 48 bytes).
+/// An op as the kernel reads it (`GemvOp`, 88 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct GemvOpRaw {
     w: u64,
     x: u64,
     out: u64,
+    norm_w: u64,
+    tmap: u64,
     n: i32,
     k: i32,
     m: i32,
     ld_x: i32,
     ld_out: i32,
+    layout: i32,
+    input: i32,
+    epilogue: i32,
+    pair: i32,
+    eps: f32,
+    w_offset: f32,
     pad_: i32,
 }
 
@@ -376,27 +512,35 @@ struct StepParams {
     ops: u64,
     counters: u64,
     per_launch: u64,
-    epoch: u32,
+    launches: u64,
+    stamps: u64,
     stages: i32,
     x_vectors: i32,
-    pad_: i32,
 }
 
 // SAFETY: plain fields, laid out as the kernel's `StepParams`.
 unsafe impl DeviceRepr for StepParams {}
 
 /// A schedule bound to its buffers, in device memory; `'a` keeps the buffers borrowed for as long
-/// as the step can launch.
+/// as the step can launch ([`PersistentStep::new_unbound`] leaves that to its caller).
 pub struct PersistentStep<'a> {
     blocks: usize,
     stages: usize,
     x_bytes: usize,
     tasks: CudaSlice<Task>,
+    /// The host's copy of the schedule (the stamps' key).
+    schedule: Schedule,
     begin: CudaSlice<u32>,
     ops: CudaSlice<GemvOpRaw>,
     counters: CudaSlice<u32>,
     per_launch: CudaSlice<u32>,
-    epoch: u32,
+    launches: CudaSlice<u64>,
+    /// The row-major ops' tensor maps (16 words each), which the op table points into.
+    _tmaps: Option<CudaSlice<u64>>,
+    stamps: Option<CudaSlice<u64>>,
+    programmatic: bool,
+    /// Whether this image may launch programmatically at all.
+    programmatic_ok: bool,
     _buffers: PhantomData<&'a mut ()>,
 }
 
@@ -416,6 +560,33 @@ pub fn ring_stages(kernels: &LoadedKernels, x_bytes: usize) -> Result<usize, Ops
         })
 }
 
+/// Whether op `later` runs after every tile of op `earlier` is done: `earlier` is on the chain of
+/// `after`s that leads to `later`.
+fn runs_after(ops: &[GemvNode], earlier: usize, later: usize) -> bool {
+    let mut at = ops[later].after;
+    while let Some(a) = at {
+        if a == earlier {
+            return true;
+        }
+        at = ops[a].after;
+    }
+    false
+}
+
+/// What one binding reads and writes: `(start, end)` byte ranges.
+fn ranges(b: &GemvBinding<'_>) -> (Vec<(u64, u64)>, (u64, u64)) {
+    let mut reads = vec![(b.x.addr(), b.x.addr() + 2 * b.x.len() as u64)];
+    let (out, bytes, _) = b.out.span(0);
+    if matches!(b.out, StepOutput::Residual(_)) {
+        reads.push((out, out + bytes as u64));
+    }
+    (reads, (out, out + bytes as u64))
+}
+
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
 impl<'a> PersistentStep<'a> {
     /// Checks every binding against its op and the schedule against itself, and copies both to the
     /// device. `bindings[j]` are the buffers of `ops[j]`; a reader's `x` is typically the `out` of
@@ -426,102 +597,23 @@ impl<'a> PersistentStep<'a> {
         schedule: &Schedule,
         bindings: Vec<GemvBinding<'a>>,
     ) -> Result<Self, OpsError> {
-        let op = "persistent_step";
-        let bad = |message: String| OpsError::Shape { op, message };
-        schedule
-            .check()
-            .map_err(|e| bad(format!("the schedule: {e}")))?;
-        if bindings.len() != ops.len() || schedule.per_launch.len() != ops.len() {
-            return Err(bad(format!(
-                "{} ops, {} bindings, a schedule of {} ops",
-                ops.len(),
-                bindings.len(),
-                schedule.per_launch.len()
-            )));
-        }
-        if schedule.blocks > kernels.sm_count() {
-            return Err(bad(format!(
-                "{} blocks on {} SMs: every block must be resident at once (one an SM)",
-                schedule.blocks,
-                kernels.sm_count()
-            )));
-        }
-        let mut raw = Vec::with_capacity(ops.len());
-        for (j, (node, b)) in ops.iter().zip(&bindings).enumerate() {
-            let what = |s: &str| format!("op {j} {s}");
-            if b.m == 0 || b.m > MAX_TOKENS || b.ld_x < node.k || b.ld_out < node.n {
-                return Err(bad(format!(
-                    "op {j}: m {} (1..={MAX_TOKENS}), ld_x {} (>= k {}), ld_out {} (>= n {})",
-                    b.m, b.ld_x, node.k, b.ld_out, node.n
-                )));
-            }
-            if (b.w.n, b.w.k, b.w.rows) != (node.n, node.k, node.tile_rows) {
-                return Err(bad(format!(
-                    "op {j}: weights packed as {} x {} in {}-row tiles for an op of {} x {} in {}-row tiles",
-                    b.w.n, b.w.k, b.w.rows, node.n, node.k, node.tile_rows
-                )));
-            }
-            check_view(op, &what("x"), b.x.len(), &[(b.m - 1) * b.ld_x + node.k])?;
-            check_view(
-                op,
-                &what("out"),
-                b.out.len(),
-                &[(b.m - 1) * b.ld_out + node.n],
-            )?;
-            check_aligned(op, "x", b.x.addr(), 16)?;
-            if !b.ld_x.is_multiple_of(8) {
-                return Err(bad(format!(
-                    "op {j}: ld_x {} must be a multiple of 8",
-                    b.ld_x
-                )));
-            }
-            raw.push(GemvOpRaw {
-                w: addr(kernels, &b.w.data),
-                x: b.x.addr(),
-                out: b.out.addr(),
-                n: to_i32(op, "n", node.n)?,
-                k: to_i32(op, "k", node.k)?,
-                m: b.m as i32,
-                ld_x: to_i32(op, "ld_x", b.ld_x)?,
-                ld_out: to_i32(op, "ld_out", b.ld_out)?,
-                pad_: 0,
-            });
-        }
-        let mut written: Vec<(u64, u64, usize)> = bindings
-            .iter()
-            .enumerate()
-            .map(|(j, b)| (b.out.addr(), b.out.addr() + 2 * b.out.len() as u64, j))
-            .collect();
-        written.sort();
-        if let Some(w) = written.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(bad(format!(
-                "ops {} and {} write overlapping memory: give each op its own `out`",
-                w[0].2, w[1].2
-            )));
-        }
-        // Each task's x ([m][k] bf16) sits behind the ring, then the warps' fragments.
-        let x_bytes = ops
-            .iter()
-            .zip(&bindings)
-            .map(|(node, b)| b.m * node.k * 2)
-            .max()
-            .unwrap_or(0)
-            + REDUCE_BYTES;
-        let stages = ring_stages(kernels, x_bytes)?;
-        let stream = kernels.stream();
-        let driver = |source| OpsError::Driver { op, source };
-        Ok(PersistentStep {
-            blocks: schedule.blocks,
-            stages,
-            x_bytes,
-            tasks: stream.clone_htod(&schedule.tasks).map_err(driver)?,
-            begin: stream.clone_htod(&schedule.begin).map_err(driver)?,
-            ops: stream.clone_htod(&raw).map_err(driver)?,
-            counters: stream.alloc_zeros::<u32>(ops.len()).map_err(driver)?,
-            per_launch: stream.clone_htod(&schedule.per_launch).map_err(driver)?,
-            epoch: 0,
-            _buffers: PhantomData,
-        })
+        build(kernels, ops, schedule, &bindings)
+    }
+
+    /// [`PersistentStep::new`] without the borrow: for an engine that keeps the step beside the
+    /// buffers it binds (a decode step built once per row count, as a CUDA graph is).
+    ///
+    /// # Safety
+    /// Every buffer in `bindings` must stay allocated, at the same address, for as long as the
+    /// step can launch, and nothing may access them while a launch runs except as the stream
+    /// orders it.
+    pub unsafe fn new_unbound(
+        kernels: &LoadedKernels,
+        ops: &[GemvNode],
+        schedule: &Schedule,
+        bindings: Vec<GemvBinding<'_>>,
+    ) -> Result<PersistentStep<'static>, OpsError> {
+        build(kernels, ops, schedule, &bindings)
     }
 
     /// Ring slots each block streams through.
@@ -529,7 +621,57 @@ impl<'a> PersistentStep<'a> {
         self.stages
     }
 
-    /// One launch of the whole schedule on the kernels' stream.
+    /// Blocks the step launches (one an SM).
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Launches programmatically (the default where the image is sm_90+ code: the blocks start
+    /// streaming weights while the previous kernel ends) or not (`false`: to measure what it gives).
+    pub fn set_programmatic(&mut self, on: bool) {
+        self.programmatic = on && self.programmatic_ok;
+    }
+
+    /// The schedule the step runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Makes every later launch stamp its runs (a diagnostic: [`PersistentStep::read_stamps`]).
+    pub fn enable_stamps(&mut self, kernels: &LoadedKernels) -> Result<(), OpsError> {
+        let words = self.schedule.tasks.len().max(1) * STAMP_WORDS;
+        self.stamps = Some(
+            kernels
+                .stream()
+                .alloc_zeros::<u64>(words)
+                .map_err(|source| OpsError::Driver {
+                    op: "persistent_step",
+                    source,
+                })?,
+        );
+        Ok(())
+    }
+
+    /// The stamps of the last stamped launch (synchronizes the stream): one per run of one op in
+    /// a block, in block order.
+    pub fn read_stamps(&self, kernels: &LoadedKernels) -> Result<Vec<RunStamp>, OpsError> {
+        let op = "persistent_step";
+        let Some(stamps) = &self.stamps else {
+            return Err(OpsError::Shape {
+                op,
+                message: "no stamps: call enable_stamps before the launch".into(),
+            });
+        };
+        let words = kernels
+            .stream()
+            .clone_dtoh(stamps)
+            .map_err(|source| OpsError::Driver { op, source })?;
+        Ok(runs_of(&self.schedule, &words))
+    }
+
+    /// One launch of the whole schedule on the kernels' stream. Where the image allows (sm_90 and
+    /// later), a programmatic launch: the blocks start streaming weights while the previous
+    /// kernel ends. A CUDA graph may capture it (the epoch is counted on the device).
     pub fn launch(&mut self, kernels: &LoadedKernels) -> Result<(), OpsError> {
         let op = "persistent_step";
         let smem = self.stages * STAGE_BYTES + self.x_bytes;
@@ -539,20 +681,244 @@ impl<'a> PersistentStep<'a> {
             ops: addr(kernels, &self.ops),
             counters: addr(kernels, &self.counters),
             per_launch: addr(kernels, &self.per_launch),
-            epoch: self.epoch,
+            launches: addr(kernels, &self.launches),
+            stamps: self.stamps.as_ref().map_or(0, |s| addr(kernels, s)),
             stages: self.stages as i32,
             x_vectors: ((self.x_bytes - REDUCE_BYTES) / 16) as i32,
-            pad_: 0,
         };
         let cfg = LaunchConfig {
             grid_dim: (self.blocks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        launch_params_pdl(kernels, op, MODULE, ENTRY, cfg, &p, false, None)?;
-        self.epoch = self.epoch.wrapping_add(1);
-        Ok(())
+        launch_params_pdl(kernels, op, MODULE, ENTRY, cfg, &p, self.programmatic, None)
     }
+}
+
+fn build<'b>(
+    kernels: &LoadedKernels,
+    ops: &[GemvNode],
+    schedule: &Schedule,
+    bindings: &[GemvBinding<'_>],
+) -> Result<PersistentStep<'b>, OpsError> {
+    let op = "persistent_step";
+    let bad = |message: String| OpsError::Shape { op, message };
+    schedule
+        .check()
+        .map_err(|e| bad(format!("the schedule: {e}")))?;
+    if bindings.len() != ops.len() || schedule.per_launch.len() != ops.len() {
+        return Err(bad(format!(
+            "{} ops, {} bindings, a schedule of {} ops",
+            ops.len(),
+            bindings.len(),
+            schedule.per_launch.len()
+        )));
+    }
+    if schedule.blocks > kernels.sm_count() {
+        return Err(bad(format!(
+            "{} blocks on {} SMs: every block must be resident at once (one an SM)",
+            schedule.blocks,
+            kernels.sm_count()
+        )));
+    }
+    let mut raw = Vec::with_capacity(ops.len());
+    // Each row-major op's tensor map (boxes of BOX_ROWS x BOX_COLS), uploaded below; the op table
+    // gets their addresses then.
+    let mut tmaps: Vec<(usize, [u64; 16])> = Vec::new();
+    for (j, (node, b)) in ops.iter().zip(bindings).enumerate() {
+        let what = |s: &str| format!("op {j} {s}");
+        let (_, _, out_cols) = b.out.span(node.n);
+        if b.m == 0 || b.m > MAX_TOKENS || b.ld_x < node.k || b.ld_out < out_cols {
+            return Err(bad(format!(
+                "op {j}: m {} (1..={MAX_TOKENS}), ld_x {} (>= k {}), ld_out {} (>= {out_cols})",
+                b.m, b.ld_x, node.k, b.ld_out
+            )));
+        }
+        let paired = matches!(b.out, StepOutput::SiluMul(_));
+        if paired && (node.tile_rows != 16 || !node.n.is_multiple_of(2)) {
+            return Err(bad(format!(
+                "op {j}: a SiluMul op pairs gate and up rows in 16-row tiles of an even n; it has \
+                 {} rows in {}-row tiles",
+                node.n, node.tile_rows
+            )));
+        }
+        let (w, layout) = match b.w {
+            StepWeights::Packed(p) => {
+                if (p.n, p.k, p.rows, p.paired) != (node.n, node.k, node.tile_rows, paired) {
+                    return Err(bad(format!(
+                        "op {j}: weights packed as {} x {} in {}-row tiles (paired {}) for an op \
+                         of {} x {} in {}-row tiles (paired {paired})",
+                        p.n, p.k, p.rows, p.paired, node.n, node.k, node.tile_rows
+                    )));
+                }
+                (addr(kernels, &p.data), LAYOUT_PACKED)
+            }
+            StepWeights::RowMajor(w) => {
+                check_view(op, &what("w"), w.len(), &[node.n, node.k])?;
+                check_aligned(op, "w", w.addr(), 16)?;
+                let map = crate::dispatch::driver::tensor_map_2d_bf16(
+                    w.addr(),
+                    node.n,
+                    node.k,
+                    BOX_ROWS,
+                    BOX_COLS,
+                )
+                .map_err(|source| OpsError::Driver { op, source })?;
+                tmaps.push((j, map));
+                (w.addr(), LAYOUT_ROW_MAJOR)
+            }
+        };
+        let (input, norm_w, eps, w_offset) = match b.input {
+            StepInput::Plain => (INPUT_PLAIN, 0, 0.0, 0.0),
+            StepInput::Norm {
+                weight,
+                eps,
+                weight_offset,
+            } => {
+                check_view(op, &what("norm weight"), weight.len(), &[node.k])?;
+                check_aligned(op, "norm weight", weight.addr(), 16)?;
+                (INPUT_NORM, weight.addr(), eps, weight_offset)
+            }
+        };
+        check_view(op, &what("x"), b.x.len(), &[(b.m - 1) * b.ld_x + node.k])?;
+        check_view(
+            op,
+            &what("out"),
+            b.out.len(),
+            &[(b.m - 1) * b.ld_out + out_cols],
+        )?;
+        check_aligned(op, "x", b.x.addr(), 16)?;
+        if !b.ld_x.is_multiple_of(8) {
+            return Err(bad(format!(
+                "op {j}: ld_x {} must be a multiple of 8",
+                b.ld_x
+            )));
+        }
+        raw.push(GemvOpRaw {
+            w,
+            x: b.x.addr(),
+            out: b.out.span(node.n).0,
+            norm_w,
+            tmap: 0,
+            n: to_i32(op, "n", node.n)?,
+            k: to_i32(op, "k", node.k)?,
+            m: b.m as i32,
+            ld_x: to_i32(op, "ld_x", b.ld_x)?,
+            ld_out: to_i32(op, "ld_out", b.ld_out)?,
+            layout,
+            input,
+            epilogue: b.out.epilogue(),
+            pair: if paired {
+                to_i32(op, "n", node.n / 2)?
+            } else {
+                0
+            },
+            eps,
+            w_offset,
+            pad_: 0,
+        });
+    }
+    // Two ops touching the same memory, one writing, must be ordered by the chain of waits.
+    for (j, bj) in bindings.iter().enumerate() {
+        let (reads_j, write_j) = ranges(bj);
+        for (i, bi) in bindings[..j].iter().enumerate() {
+            let (reads_i, write_i) = ranges(bi);
+            let hazard = overlap(write_i, write_j)
+                || reads_i.iter().any(|r| overlap(*r, write_j))
+                || reads_j.iter().any(|r| overlap(*r, write_i));
+            if hazard && !runs_after(ops, i, j) {
+                return Err(bad(format!(
+                    "ops {i} and {j} touch the same memory, one writing, and op {j} does not run \
+                     after op {i}: give each its own buffer, or make op {j} wait for op {i}"
+                )));
+            }
+        }
+    }
+    // Each task's x ([m][k] bf16) sits behind the ring, then the warps' fragments.
+    let x_bytes = ops
+        .iter()
+        .zip(bindings)
+        .map(|(node, b)| b.m * node.k * 2)
+        .max()
+        .unwrap_or(0)
+        + REDUCE_BYTES;
+    let stages = ring_stages(kernels, x_bytes)?;
+    let stream = kernels.stream();
+    let driver = |source| OpsError::Driver { op, source };
+    let tmap_buf = if tmaps.is_empty() {
+        None
+    } else {
+        let words: Vec<u64> = tmaps.iter().flat_map(|(_, m)| *m).collect();
+        let buf = stream.clone_htod(&words).map_err(driver)?;
+        let base = addr(kernels, &buf);
+        for (i, (j, _)) in tmaps.iter().enumerate() {
+            raw[*j].tmap = base + (i * 128) as u64;
+        }
+        Some(buf)
+    };
+    Ok(PersistentStep {
+        blocks: schedule.blocks,
+        stages,
+        x_bytes,
+        tasks: stream.clone_htod(&schedule.tasks).map_err(driver)?,
+        schedule: schedule.clone(),
+        begin: stream.clone_htod(&schedule.begin).map_err(driver)?,
+        ops: stream.clone_htod(&raw).map_err(driver)?,
+        counters: stream.alloc_zeros::<u32>(ops.len()).map_err(driver)?,
+        per_launch: stream.clone_htod(&schedule.per_launch).map_err(driver)?,
+        launches: stream.alloc_zeros::<u64>(1).map_err(driver)?,
+        _tmaps: tmap_buf,
+        stamps: None,
+        programmatic: kernels.programmatic_launch(MODULE),
+        programmatic_ok: kernels.programmatic_launch(MODULE),
+        _buffers: PhantomData,
+    })
+}
+
+/// One run of one op in a block, as the stamps tell it (nanoseconds of %globaltimer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunStamp {
+    pub block: usize,
+    pub op: usize,
+    /// Tiles in the run.
+    pub tiles: usize,
+    /// Before the counter wait, after it, once x was in shared memory, at the run's end.
+    pub start: u64,
+    pub waited: u64,
+    pub ready: u64,
+    pub end: u64,
+    /// Time the run's math waited for weight slots (within ready..end).
+    pub weight_wait: u64,
+}
+
+/// The runs of `schedule` with their stamps (`STAMP_WORDS` words a task, written at each run's
+/// first task), in block order.
+pub fn runs_of(schedule: &Schedule, words: &[u64]) -> Vec<RunStamp> {
+    let mut runs = Vec::new();
+    for b in 0..schedule.blocks {
+        let (lo, hi) = (schedule.begin[b] as usize, schedule.begin[b + 1] as usize);
+        let mut i = lo;
+        while i < hi {
+            let op = schedule.tasks[i].op;
+            let mut j = i;
+            while j < hi && schedule.tasks[j].op == op {
+                j += 1;
+            }
+            let w = |k: usize| words.get(i * STAMP_WORDS + k).copied().unwrap_or(0);
+            runs.push(RunStamp {
+                block: b,
+                op: op as usize,
+                tiles: j - i,
+                start: w(0),
+                waited: w(1),
+                ready: w(2),
+                end: w(3),
+                weight_wait: w(4),
+            });
+            i = j;
+        }
+    }
+    runs
 }
 
 fn addr<T>(kernels: &LoadedKernels, s: &CudaSlice<T>) -> u64 {
@@ -661,21 +1027,49 @@ mod tests {
     }
 
     #[test]
-    fn the_packing_puts_each_slot_together_and_pads_with_zeros() {
+    fn the_packing_puts_each_slot_together_in_boxes_and_pads_with_zeros() {
         let (n, k, rows) = (20, 1040, 16);
         let w: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(1.0 + i as f32)).collect();
-        let packed = pack_reference(&w, n, k, rows);
-        // 2 tiles x 3 slots (1040 columns in slots of 512) of 16 x 512.
+        let packed = pack_reference(&w, n, k, rows, false);
+        // 2 tiles x 3 slots (1040 columns in slots of 512) of 16 x 512, each slot 2 x 2 boxes of
+        // 8 x 256: box (cb, rg) at cb * 2 + rg.
         assert_eq!(packed.len(), 2 * 3 * 16 * 512);
         let at = |tile: usize, stage: usize, r: usize, c: usize| {
-            packed[((tile * 3 + stage) * 16 + r) * 512 + c]
+            let (cb, rg) = (c / 256, r / 8);
+            packed[(tile * 3 + stage) * 8192 + (cb * 2 + rg) * 2048 + (r % 8) * 256 + c % 256]
         };
         assert_eq!(at(0, 0, 0, 0), w[0]);
         assert_eq!(at(0, 1, 3, 7), w[3 * k + 512 + 7]);
+        assert_eq!(at(0, 1, 11, 300), w[11 * k + 512 + 300]);
         assert_eq!(at(1, 2, 3, 15), w[19 * k + 1024 + 15]);
         assert_eq!(at(1, 2, 3, 16), bf16::ZERO, "past k");
         assert_eq!(at(1, 0, 4, 0), bf16::ZERO, "past n");
         assert_eq!(packed.iter().filter(|v| **v != bf16::ZERO).count(), n * k);
+        // Every element of a slot has one place.
+        for r in [8, 16] {
+            let mut seen: Vec<(usize, usize)> = (0..8192).map(|e| slot_element(e, r)).collect();
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen.len(), 8192);
+            assert!(seen.iter().all(|&(row, col)| row < r && col < slot_cols(r)));
+        }
+    }
+
+    #[test]
+    fn a_paired_tile_holds_eight_gate_rows_then_their_up_rows() {
+        // n = 2 * 12 rows: gate rows 0..12, up rows 12..24; tiles of 8 gate + 8 up rows.
+        let (n, k) = (24, 64);
+        let w: Vec<bf16> = (0..n * k).map(|i| bf16::from_f32(1.0 + i as f32)).collect();
+        let packed = pack_reference(&w, n, k, 16, true);
+        let at = |tile: usize, r: usize, c: usize| {
+            packed[tile * 8192 + (r / 8) * 2048 + (r % 8) * 256 + c]
+        };
+        assert_eq!(at(0, 0, 5), w[5]);
+        assert_eq!(at(0, 8, 5), w[12 * k + 5], "row 8 of tile 0: up row 0");
+        assert_eq!(at(1, 3, 0), w[11 * k], "tile 1 row 3: gate row 11");
+        assert_eq!(at(1, 4, 0), bf16::ZERO, "gate row 12 is past the gate rows");
+        assert_eq!(at(1, 11, 1), w[23 * k + 1], "tile 1 row 11: up row 11");
+        assert_eq!(source_row(n, 12, 16, 16, 12), None);
     }
 
     #[test]
