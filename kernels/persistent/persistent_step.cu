@@ -412,24 +412,6 @@ __device__ __forceinline__ void tma_box(void* dst, const void* tmap, int c, int 
 }
 #endif
 
-// The task at `ti` and its op; at a run's start (the block's first task, or an op other than the
-// task before's) the counter wait and the copy of x (task_start), and the run's stamp bookkeeping.
-struct Current {
-    Task t;
-    GemvOp op;
-};
-__device__ __forceinline__ Current begin_task(const StepParams& p, unsigned epoch, unsigned begin, unsigned ti,
-                                              __nv_bfloat16* xs, float* scale, unsigned long long& run_start,
-                                              unsigned long long& weight_wait) {
-    const Current c{p.tasks[ti], p.ops[p.tasks[ti].op]};
-    if (ti == begin || p.tasks[ti - 1].op != c.t.op) {
-        task_start(p, epoch, ti, c.t, c.op, xs, scale);
-        run_start = ti;
-        weight_wait = 0;
-    }
-    return c;
-}
-
 // A run's stamps at its last task: its end, its weight wait and the block.
 __device__ __forceinline__ void stamp_end(const StepParams& p, unsigned long long run_start,
                                           unsigned long long weight_wait) {
@@ -455,12 +437,16 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
     int slot = 0;          // the ring slot the next stage lands in
     unsigned phase = 0;    // the parity of that slot's current fill
     for (unsigned ti = begin; ti < end; ++ti) {
-        const Current c = begin_task(p, epoch, begin, ti, xs, scale, run_start, weight_wait);
-        const Task& t = c.t;
-        const GemvOp& op = c.op;
+        const Task t = p.tasks[ti];
+        const GemvOp op = p.ops[t.op];
         const bool two = t.rows == 16;
         const int kc = stage_cols(t.rows);
         const int per_tile = (op.k + kc - 1) / kc;
+        if (ti == begin || p.tasks[ti - 1].op != t.op) {
+            task_start(p, epoch, ti, t, op, xs, scale);
+            run_start = ti;
+            weight_wait = 0;
+        }
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st) {
             if (kStamp && threadIdx.x == 0) {
@@ -500,12 +486,16 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
     }
     int slot = 0;
     for (unsigned ti = begin; ti < end; ++ti) {
-        const Current c = begin_task(p, epoch, begin, ti, xs, scale, run_start, weight_wait);
-        const Task& t = c.t;
-        const GemvOp& op = c.op;
+        const Task t = p.tasks[ti];
+        const GemvOp op = p.ops[t.op];
         const bool two = t.rows == 16;
         const int kc = stage_cols(t.rows);
         const int per_tile = (op.k + kc - 1) / kc;
+        if (ti == begin || p.tasks[ti - 1].op != t.op) {
+            task_start(p, epoch, ti, t, op, xs, scale);
+            run_start = ti;
+            weight_wait = 0;
+        }
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st) {
             // This slot's copies are done (stages - 2 newer groups may still be in flight), and

@@ -116,4 +116,20 @@ pub trait Runner {
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError>;
     /// A JSON description for reports: device, dispatch report, graph use, timings.
     fn report(&self) -> serde_json::Value;
+    /// The timeline of the last decode pass, where the runner stamps one (the persistent step
+    /// with `GpuOptions::persistent_stamps`): a Markdown table and an SVG chart.
+    fn pass_trace(&self) -> Option<Result<PassTrace, RunnerError>> {
+        None
+    }
+}
+
+/// A stamped decode pass ([`Runner::pass_trace`]).
+#[derive(Debug, Clone)]
+pub struct PassTrace {
+    /// Rows of the pass.
+    pub rows: usize,
+    /// Per op kind: counter waits, x loads, weight waits and compute, and what lies between the
+    /// launches.
+    pub table: String,
+    pub svg: String,
 }

@@ -460,6 +460,7 @@ fn a_cell_from_its_timing_carries_the_definitions_validate_checks() {
         input: base.input,
         concurrency: base.concurrency,
         policy: base.policy,
+        step: "launches",
         step_ms: &steps,
         window_ms: steps.iter().sum::<f64>() + 0.05,
         prefill_ms: 12.0,
@@ -696,4 +697,44 @@ fn the_limit_is_the_fastest_readers() {
     assert!(json.contains("\"readers\""), "{json}");
     let back: BenchReport = serde_json::from_str(&json).unwrap();
     assert_eq!(back.bandwidth, r.bandwidth);
+}
+
+#[test]
+fn persistent_cells_sit_beside_the_launch_cells_with_their_own_cold_start_and_digests() {
+    let mut r = sample();
+    let mut p = r.cells[0].clone();
+    p.step = "persistent".into();
+    p.digest = ids_digest(&[vec![7, 7, 7]]);
+    r.cells.push(p.clone());
+    let e = r.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("`auto persistent` is missing"),
+        "the persistent runner's cold start is required: {e}"
+    );
+    let cold = r.cold_start["auto"].clone();
+    r.cold_start.insert("auto persistent".into(), cold);
+    r.validate().unwrap();
+    // Its digest differs from the launch cell's: the kinds sum in different orders, so that is
+    // no correctness failure; only cells of one kind are compared.
+    assert!(
+        r.correctness_failures().is_empty(),
+        "{:?}",
+        r.correctness_failures()
+    );
+    assert!(r.markdown_table().contains(&format!("| {} |", p.label())));
+    assert!(p.label().ends_with(" persistent"));
+    // The same cell twice is refused, and so is an unknown step.
+    r.cells.push(p.clone());
+    assert!(r
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("policy, step) once"));
+    r.cells.pop();
+    r.cells.last_mut().unwrap().step = "fused".into();
+    assert!(r
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("not a decode step"));
 }

@@ -17,7 +17,7 @@ use aot_kernels::ops::sampling::SamplingParams;
 use common::driver::{run, Generation, Request};
 use common::fixtures::{self, Fixture};
 use qwen_engine::engine::{Engine, EngineOptions};
-use qwen_engine::gpu::{GpuOptions, GpuRunner, GpuStats};
+use qwen_engine::gpu::{DecodeStep, GpuOptions, GpuRunner, GpuStats};
 use qwen_engine::model::{ModelConfig, Qwen3Config};
 use qwen_engine::runner::{Runner, SampleRequest, SeqStep, StepPlan};
 use qwen_engine::scheduler::{Event, FinishReason, RequestSpec};
@@ -45,6 +45,8 @@ fn options(policy: Policy, toolchain: ToolchainChoice, graphs: bool, kv: usize) 
         attention_cluster: true,
         decode_ahead: true,
         ptx_modules: Vec::new(),
+        step: DecodeStep::Launches,
+        persistent_stamps: false,
     }
 }
 
@@ -80,8 +82,16 @@ fn noise(f: &Fixture, runner: &mut dyn Runner) -> (f32, f32, Vec<Generation>) {
 }
 
 /// One setting of the engine's matrix: policy, images, graphs, prefill pass rows, the attention
-/// kind forced or not, and whether pipelined passes may merge in clusters.
-type Setting = (Policy, ToolchainChoice, bool, usize, Option<bool>, bool);
+/// kind forced or not, whether pipelined passes may merge in clusters, and the decode step.
+type Setting = (
+    Policy,
+    ToolchainChoice,
+    bool,
+    usize,
+    Option<bool>,
+    bool,
+    DecodeStep,
+);
 
 /// Prefill passes of 4096 rows pack every prompt of a step into one pass; 97 rows cut prompts
 /// across passes at odd places, and 8 rows (graphs off) cut every prompt. Decode attention is
@@ -91,18 +101,68 @@ type Setting = (Policy, ToolchainChoice, bool, usize, Option<bool>, bool);
 /// models merge their splits in clusters; the second setting keeps the workspace merge. The CUDA
 /// 12.9 images (what a 12.x driver runs) go through the same checks on this driver: the oracle,
 /// batching, chunking, and the same bits as the CUDA 13 images. The bits must not change (checked
-/// against the first setting).
-fn settings() -> [Setting; 7] {
+/// against the first setting of the same decode step).
+///
+/// The persistent step (issue 32) runs the oracle too: over one block an SM, Thor's 20 and 16,
+/// under `auto` and `ptx-only`, graphs on and off. Its sums run in another order than the
+/// launches', so its bits are checked against its own first setting.
+fn settings() -> [Setting; 11] {
     let newest = ToolchainChoice::Newest;
     let cuda12 = ToolchainChoice::Major(12);
+    let launches = DecodeStep::Launches;
+    let persistent = |blocks| DecodeStep::Persistent { blocks };
     [
-        (Policy::Auto, newest, true, 4096, None, true),
-        (Policy::Auto, newest, true, 4096, None, false),
-        (Policy::Auto, newest, false, 8, Some(false), true),
-        (Policy::PtxOnly, newest, true, 97, Some(false), true),
-        (Policy::PtxOnly, newest, false, 4096, None, true),
-        (Policy::Auto, cuda12, true, 4096, None, true),
-        (Policy::PtxOnly, cuda12, true, 4096, None, true),
+        (Policy::Auto, newest, true, 4096, None, true, launches),
+        (Policy::Auto, newest, true, 4096, None, false, launches),
+        (Policy::Auto, newest, false, 8, Some(false), true, launches),
+        (
+            Policy::PtxOnly,
+            newest,
+            true,
+            97,
+            Some(false),
+            true,
+            launches,
+        ),
+        (Policy::PtxOnly, newest, false, 4096, None, true, launches),
+        (Policy::Auto, cuda12, true, 4096, None, true, launches),
+        (Policy::PtxOnly, cuda12, true, 4096, None, true, launches),
+        (
+            Policy::Auto,
+            newest,
+            true,
+            4096,
+            None,
+            true,
+            persistent(None),
+        ),
+        (
+            Policy::PtxOnly,
+            newest,
+            false,
+            97,
+            Some(false),
+            true,
+            persistent(None),
+        ),
+        (
+            Policy::Auto,
+            newest,
+            true,
+            4096,
+            None,
+            true,
+            persistent(Some(20)),
+        ),
+        (
+            Policy::Auto,
+            newest,
+            false,
+            4096,
+            None,
+            true,
+            persistent(Some(16)),
+        ),
     ]
 }
 
@@ -112,6 +172,7 @@ struct MatrixRun {
     label: String,
     toolchain: ToolchainChoice,
     graphs: bool,
+    step: DecodeStep,
     /// Teacher-forced: the largest top-5 logit difference to the oracle, absolute and relative.
     noise_abs: f32,
     noise_rel: f32,
@@ -132,7 +193,7 @@ impl MatrixRun {
 }
 
 fn matrix_run(f: &Fixture, config: &ModelConfig, weights: &Weights, s: Setting) -> MatrixRun {
-    let (policy, toolchain, graphs, pass_rows, pipelined, cluster) = s;
+    let (policy, toolchain, graphs, pass_rows, pipelined, cluster, step) = s;
     let prompts = &f.expected.prompts;
     let mut runner = gpu_runner(
         config,
@@ -141,11 +202,22 @@ fn matrix_run(f: &Fixture, config: &ModelConfig, weights: &Weights, s: Setting) 
             prefill_tokens: pass_rows,
             attention_pipelined: pipelined,
             attention_cluster: cluster,
+            step,
             ..options(policy, toolchain, graphs, 256 << 20)
         },
     );
+    let ran = runner.report()["step"].clone();
+    let blocks_ok = match step {
+        DecodeStep::Persistent { blocks: Some(b) } => ran["blocks"] == b,
+        _ => true,
+    };
+    assert!(
+        ran["step"] == step.name() && blocks_ok,
+        "{}: the runner did not run the step asked for ({step:?}): {ran}",
+        f.name
+    );
     let label = format!(
-        "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}, attention {}{}]",
+        "{} [{policy}, {toolchain}, graphs {}, prefill passes of {pass_rows}, attention {}{}{}]",
         f.name,
         if graphs { "on" } else { "off" },
         match pipelined {
@@ -153,7 +225,13 @@ fn matrix_run(f: &Fixture, config: &ModelConfig, weights: &Weights, s: Setting) 
             Some(true) => "pipelined",
             Some(false) => "unpipelined",
         },
-        if cluster { "" } else { ", no clusters" }
+        if cluster { "" } else { ", no clusters" },
+        match step {
+            DecodeStep::Launches => String::new(),
+            DecodeStep::Persistent { blocks: None } => ", persistent step".into(),
+            DecodeStep::Persistent { blocks: Some(b) } =>
+                format!(", persistent step over {b} blocks"),
+        }
     );
     let (noise_abs, noise_rel, forced) = noise(f, &mut runner);
     let alone = prompts
@@ -194,6 +272,7 @@ fn matrix_run(f: &Fixture, config: &ModelConfig, weights: &Weights, s: Setting) 
         label,
         toolchain,
         graphs,
+        step,
         noise_abs,
         noise_rel,
         forced,
@@ -304,12 +383,16 @@ fn gpu_engine_concurrent_requests_equal_their_single_request_runs() {
     }
 }
 
-/// The settings of one fixture after its first (auto, CUDA 13 images, graphs on), each with that
-/// first run.
+/// The settings of one fixture after the first of its decode step kind (auto, CUDA 13 images,
+/// graphs on), each with that first run.
 fn against_the_first_setting() -> impl Iterator<Item = (&'static MatrixRun, &'static MatrixRun)> {
-    matrix()
-        .chunks(settings().len())
-        .flat_map(|runs| runs[1..].iter().map(move |r| (&runs[0], r)))
+    matrix().chunks(settings().len()).flat_map(|runs| {
+        runs.iter().enumerate().filter_map(move |(i, r)| {
+            let kind = |x: &MatrixRun| matches!(x.step, DecodeStep::Persistent { .. });
+            let first = runs.iter().position(|x| kind(x) == kind(r))?;
+            (first != i).then_some((&runs[first], r))
+        })
+    })
 }
 
 /// Policies, graph settings, prefill passes and attention kinds give the same bits.

@@ -24,7 +24,7 @@ use aot_kernels::registry::ModuleKind;
 use common::driver::{run, Generation, Request};
 use common::fixtures::{self, Fixture};
 use qwen_engine::gpu::hybrid::HybridGpuRunner;
-use qwen_engine::gpu::GpuOptions;
+use qwen_engine::gpu::{DecodeStep, GpuOptions};
 use qwen_engine::model::ModelConfig;
 use qwen_engine::weights::Weights;
 
@@ -98,6 +98,8 @@ fn options(policy: Policy, toolchain: ToolchainChoice, slots: usize) -> GpuOptio
         attention_cluster: true,
         decode_ahead: false,
         ptx_modules: Vec::new(),
+        step: DecodeStep::Launches,
+        persistent_stamps: false,
     }
 }
 

@@ -230,6 +230,10 @@ pub struct Cell {
     pub input: usize,
     pub concurrency: usize,
     pub policy: Policy,
+    /// How the decode passes ran: `launches` (one launch per op) or `persistent` (issue 32's
+    /// step); records before the persistent step have none and ran the launches.
+    #[serde(default = "launches")]
+    pub step: String,
     pub new_tokens: usize,
     /// Tokens per second of all requests together.
     pub decode_tok_s: f64,
@@ -263,12 +267,18 @@ pub struct Cell {
     pub eager_passes: Option<u64>,
 }
 
+fn launches() -> String {
+    "launches".into()
+}
+
 /// What a timed cell measured; [`Cell::from_timing`] derives the rest.
 #[derive(Debug, Clone)]
 pub struct CellTiming<'a> {
     pub input: usize,
     pub concurrency: usize,
     pub policy: Policy,
+    /// The decode step kind ([`Cell::step`]).
+    pub step: &'a str,
     /// Each timed step (CUDA events), milliseconds.
     pub step_ms: &'a [f64],
     /// The whole timed window, milliseconds (one event pair around every step).
@@ -293,6 +303,7 @@ impl Cell {
             input: t.input,
             concurrency: t.concurrency,
             policy: t.policy,
+            step: t.step.to_string(),
             new_tokens,
             decode_tok_s,
             per_request_tok_s: decode_tok_s / t.concurrency as f64,
@@ -313,9 +324,23 @@ impl Cell {
         }
     }
 
-    /// `i16 c1 auto`.
+    /// `i16 c1 auto`, or `i16 c1 auto persistent` off the launch path.
     pub fn label(&self) -> String {
-        format!("i{} c{} {}", self.input, self.concurrency, self.policy)
+        let step = if self.step == "launches" {
+            String::new()
+        } else {
+            format!(" {}", self.step)
+        };
+        format!(
+            "i{} c{} {}{step}",
+            self.input, self.concurrency, self.policy
+        )
+    }
+
+    /// Whether `other` is the same matrix cell under another policy (same step kind: the kinds
+    /// sum in different orders, so only cells of one kind share digests).
+    fn same_cell(&self, other: &Cell) -> bool {
+        (self.input, self.concurrency, &self.step) == (other.input, other.concurrency, &other.step)
     }
 }
 
@@ -564,7 +589,14 @@ impl BenchReport {
     /// Cells in reading order: policy (auto first), input, concurrency.
     pub fn sorted_cells(&self) -> Vec<&Cell> {
         let mut cells: Vec<&Cell> = self.cells.iter().collect();
-        cells.sort_by_key(|c| (policy_rank(c.policy), c.input, c.concurrency));
+        cells.sort_by_key(|c| {
+            (
+                c.step != "launches",
+                policy_rank(c.policy),
+                c.input,
+                c.concurrency,
+            )
+        });
         cells
     }
 
@@ -582,8 +614,13 @@ impl BenchReport {
         }
         for (a, b) in self.policy_pairs() {
             if a.digest != b.digest {
+                let step = if a.step == "launches" {
+                    String::new()
+                } else {
+                    format!(" {}", a.step)
+                };
                 out.push(format!(
-                    "i{} c{}: the {} and {} digests differ",
+                    "i{} c{}{step}: the {} and {} digests differ",
                     a.input, a.concurrency, a.policy, b.policy
                 ));
             }
@@ -601,12 +638,7 @@ impl BenchReport {
         self.cells
             .iter()
             .filter(|c| c.policy != Policy::Auto)
-            .filter_map(|c| {
-                autos
-                    .iter()
-                    .find(|a| (a.input, a.concurrency) == (c.input, c.concurrency))
-                    .map(|a| (*a, c))
-            })
+            .filter_map(|c| autos.iter().find(|a| a.same_cell(c)).map(|a| (*a, c)))
             .collect()
     }
 
@@ -668,10 +700,11 @@ impl BenchReport {
             notes.push("first != single".to_string());
         }
         if cell.policy != Policy::Auto {
-            match self.cells.iter().find(|a| {
-                a.policy == Policy::Auto
-                    && (a.input, a.concurrency) == (cell.input, cell.concurrency)
-            }) {
+            match self
+                .cells
+                .iter()
+                .find(|a| a.policy == Policy::Auto && a.same_cell(cell))
+            {
                 Some(a) if a.digest != cell.digest => notes.push("digest != auto".into()),
                 Some(_) => notes.push("= auto".into()),
                 None => {}

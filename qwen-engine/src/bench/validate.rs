@@ -277,20 +277,35 @@ impl BenchReport {
     }
 
     fn check_cells(&self, problems: &mut Vec<Problem>) {
-        let mut seen: BTreeMap<(usize, usize, &str), usize> = BTreeMap::new();
+        let mut seen: BTreeMap<(usize, usize, &str, &str), usize> = BTreeMap::new();
         let read_gbs = self.bandwidth.read_gbs;
         for (i, cell) in self.cells.iter().enumerate() {
             let mut c = Checker {
                 place: format!("cells[{i}] ({})", cell.label()),
                 problems,
             };
-            if let Some(first) =
-                seen.insert((cell.input, cell.concurrency, cell.policy.as_str()), i)
-            {
+            if let Some(first) = seen.insert(
+                (
+                    cell.input,
+                    cell.concurrency,
+                    cell.policy.as_str(),
+                    cell.step.as_str(),
+                ),
+                i,
+            ) {
                 c.fail(
                     "input",
                     format!(
-                        "this cell is also cells[{first}]: each (input, concurrency, policy) once"
+                        "this cell is also cells[{first}]: each (input, concurrency, policy, step) once"
+                    ),
+                );
+            }
+            if !["launches", "persistent"].contains(&cell.step.as_str()) {
+                c.fail(
+                    "step",
+                    format!(
+                        "`{}` is not a decode step (launches, persistent)",
+                        cell.step
                     ),
                 );
             }
@@ -442,18 +457,29 @@ impl BenchReport {
             }
         }
         c.place = "cold_start".into();
-        for (policy, cold) in &self.cold_start {
+        // Keyed by policy, or `<policy> persistent` for the persistent step's runner.
+        for (key, cold) in &self.cold_start {
+            let policy = key.strip_suffix(" persistent").unwrap_or(key);
             if policy.parse::<Policy>().is_err() {
                 c.fail(
-                    policy,
-                    "is not a dispatch policy (auto, sass-only, ptx-only)",
+                    key,
+                    "is not a dispatch policy (auto, sass-only, ptx-only), alone or followed by ` persistent`",
                 );
             }
-            c.positive(&format!("{policy}.load_ms"), cold.load_ms);
+            c.positive(&format!("{key}.load_ms"), cold.load_ms);
         }
-        let policies: std::collections::BTreeSet<&str> =
-            self.cells.iter().map(|c| c.policy.as_str()).collect();
-        for policy in policies {
+        let policies: std::collections::BTreeSet<String> = self
+            .cells
+            .iter()
+            .map(|c| {
+                if c.step == "launches" {
+                    c.policy.as_str().to_string()
+                } else {
+                    format!("{} {}", c.policy.as_str(), c.step)
+                }
+            })
+            .collect();
+        for policy in &policies {
             if !self.cold_start.contains_key(policy) {
                 c.fail(
                     policy,

@@ -19,6 +19,7 @@ pub mod hybrid;
 pub mod hybrid_weights;
 mod inputs;
 mod packing;
+pub mod persistent;
 pub mod prefill;
 mod qwen3;
 mod qwen3_5_moe;
@@ -41,6 +42,8 @@ use aot_kernels::registry::ModuleKind;
 use half::bf16;
 use serde::Serialize;
 
+pub use self::persistent::DecodeStep;
+use self::persistent::StepChoice;
 use self::weights::DeviceWeights;
 use crate::memory;
 use crate::model::{ModelConfig, Qwen3Config};
@@ -80,6 +83,12 @@ pub struct GpuOptions {
     /// fallback path beside the others' SASS, to find which module's PTX moves a result or a
     /// step's time. Empty: `policy` alone decides.
     pub ptx_modules: Vec<String>,
+    /// How decode passes run (`--step`): launch per op, or the persistent step ([`persistent`])
+    /// where it can run here (else the launch path, the report says why).
+    pub step: DecodeStep,
+    /// Stamp every task run of the persistent step (a diagnostic run: [`Runner::pass_trace`]
+    /// draws the last pass); the launch path ignores it.
+    pub persistent_stamps: bool,
 }
 
 /// `sources` with the modules named in `ptx_modules` cut to their PTX images
@@ -220,6 +229,15 @@ pub struct GpuRunner {
     decode_ahead: bool,
     /// The pass queued ahead of the engine's next step.
     ahead: Option<ahead::AheadPass>,
+    /// The decode step running and why ([`persistent::choose`]).
+    step: StepChoice,
+    /// The weights packed for the persistent step (where it runs and memory allowed).
+    packed: Option<persistent::PackedModel>,
+    /// `GpuOptions::persistent_stamps`, and the rows of the last persistent pass.
+    persistent_stamps: bool,
+    last_rows: usize,
+    /// The persistent steps of each row count (index: rows), built on its first pass.
+    persistent_steps: Vec<Option<Vec<aot_kernels::ops::persistent::PersistentStep<'static>>>>,
 }
 
 /// A GPU runner of any family, as the CLI and the bench hold it.
@@ -361,6 +379,14 @@ impl GpuRunner {
             .map_err(|e| RunnerError::Device(e.to_string()))?;
         let s = kernels.stream().clone();
         let w = weights::upload(&kernels, cfg, weights, progress)?;
+        // The decode step, and for the persistent one its packed weights (before the KV cache
+        // takes what memory is left).
+        let widest_k = cfg.hidden_size.max(cfg.intermediate_size).max(cfg.q_dim());
+        let (step, packed) =
+            persistent::choose_and_pack(&kernels, cfg, &w, options.step, widest_k)?;
+        if let Some(reason) = &step.fallback {
+            log::warn!("{reason}");
+        }
         let zeros_f32 =
             |n: usize, what: &str| s.alloc_zeros::<f32>(n.max(1)).map_err(dev_err(what));
         let zeros_bf16 =
@@ -477,6 +503,11 @@ impl GpuRunner {
             // A dropped pass ahead would have advanced recurrent state for good (see [`ahead`]).
             decode_ahead: options.decode_ahead && !model.has_recurrent_state(),
             ahead: None,
+            step,
+            packed,
+            persistent_stamps: options.persistent_stamps,
+            last_rows: 0,
+            persistent_steps: (0..=MAX_TOKENS).map(|_| None).collect(),
         })
     }
 
@@ -764,9 +795,14 @@ impl Runner for GpuRunner {
             "kv_block_tokens": KV_BLOCK_TOKENS,
             "weights_bytes": self.w.bytes,
             "graphs": self.graphs_on,
+            "step": self.step,
             "stats": self.stats,
             "setup_s": self.setup_s,
         })
+    }
+
+    fn pass_trace(&self) -> Option<Result<crate::runner::PassTrace, RunnerError>> {
+        self.persistent_trace()
     }
 }
 

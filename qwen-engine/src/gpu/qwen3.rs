@@ -17,7 +17,14 @@ use aot_kernels::ops::gemv::{
 };
 use aot_kernels::ops::{dev, dev_mut, OpsError};
 
-use super::{inputs, GpuRunner};
+use aot_kernels::device::CudaSlice;
+use aot_kernels::dispatch::LoadedKernels;
+use half::bf16;
+
+use super::persistent::DecodeStep;
+use super::weights::LayerWeights;
+use super::{inputs, GpuRunner, PassBuffers};
+use crate::model::Qwen3Config;
 
 impl GpuRunner {
     /// Launches one forward pass over the first `m` rows of the pass buffers; attention with
@@ -29,6 +36,9 @@ impl GpuRunner {
         pipelined: bool,
         cluster: bool,
     ) -> Result<(), OpsError> {
+        if self.step.step != DecodeStep::Launches {
+            return self.launch_forward_persistent(m, grid_splits, pipelined, cluster);
+        }
         let c = &self.cfg;
         let kernels = &self.kernels;
         let b = &mut self.b;
@@ -72,40 +82,20 @@ impl GpuRunner {
                 },
                 overlap,
             )?;
-            attention_decode(
+            attention_layer(
                 kernels,
-                AttnDecode {
-                    qkv: dev(kernels, &b.qkv),
-                    ld_qkv: c.qkv_dim(),
-                    q_norm: dev(kernels, &lw.q_norm),
-                    k_norm: dev(kernels, &lw.k_norm),
-                    eps,
-                    weight_offset: 0.0,
-                    cos_sin: dev(kernels, &self.rope),
+                c,
+                AttnLayer {
+                    lw,
+                    k_cache: &mut self.k_cache[l],
+                    v_cache: &mut self.v_cache[l],
+                    rope: &self.rope,
                     max_pos: self.max_pos,
-                    k_cache: dev_mut(kernels, &mut self.k_cache[l]),
-                    v_cache: dev_mut(kernels, &mut self.v_cache[l]),
-                    block_table: dev(kernels, &self.block_table),
+                    block_table: &self.block_table,
                     ld_bt: self.ld_bt,
-                    slot_of_row: dev(kernels, &inputs::slots(&b.inputs)),
-                    positions: dev(kernels, &inputs::positions(&b.inputs)),
-                    out: dev_mut(kernels, &mut b.attn),
-                    m,
-                    q_heads: c.num_attention_heads,
-                    kv_heads: c.num_key_value_heads,
-                    head_dim: c.head_dim,
-                    grid_splits,
-                    pipelined,
-                    cluster,
-                    // Its first cache blocks stream while qkv ends; positions, slots and the
-                    // block table are host copies, the cache's earlier positions earlier steps'.
-                    overlap_previous: true,
                 },
-                &mut AttnScratch {
-                    ws_ml: dev_mut(kernels, &mut b.attn_ml),
-                    ws_o: dev_mut(kernels, &mut b.attn_o),
-                    counters: dev_mut(kernels, &mut b.attn_counters),
-                },
+                b,
+                (m, grid_splits, pipelined, cluster),
             )?;
             gemv_with(
                 kernels,
@@ -185,4 +175,63 @@ impl GpuRunner {
         )?;
         b.sample(kernels, m, v)
     }
+}
+
+/// One layer's attention inputs beside the pass buffers.
+pub(super) struct AttnLayer<'a> {
+    pub lw: &'a LayerWeights,
+    pub k_cache: &'a mut CudaSlice<bf16>,
+    pub v_cache: &'a mut CudaSlice<bf16>,
+    pub rope: &'a CudaSlice<f32>,
+    pub max_pos: usize,
+    pub block_table: &'a CudaSlice<i32>,
+    pub ld_bt: usize,
+}
+
+/// A layer's decode attention over the first `m` rows of the pass buffers: `qkv` in, `attn` out
+/// (`(m, grid_splits, pipelined, cluster)` as [`GpuRunner::launch_forward`] takes them).
+pub(super) fn attention_layer(
+    kernels: &LoadedKernels,
+    c: &Qwen3Config,
+    a: AttnLayer<'_>,
+    b: &mut PassBuffers,
+    (m, grid_splits, pipelined, cluster): (usize, usize, bool, bool),
+) -> Result<(), OpsError> {
+    let eps = c.rms_norm_eps as f32;
+    let lw = a.lw;
+    attention_decode(
+        kernels,
+        AttnDecode {
+            qkv: dev(kernels, &b.qkv),
+            ld_qkv: c.qkv_dim(),
+            q_norm: dev(kernels, &lw.q_norm),
+            k_norm: dev(kernels, &lw.k_norm),
+            eps,
+            weight_offset: 0.0,
+            cos_sin: dev(kernels, a.rope),
+            max_pos: a.max_pos,
+            k_cache: dev_mut(kernels, a.k_cache),
+            v_cache: dev_mut(kernels, a.v_cache),
+            block_table: dev(kernels, a.block_table),
+            ld_bt: a.ld_bt,
+            slot_of_row: dev(kernels, &inputs::slots(&b.inputs)),
+            positions: dev(kernels, &inputs::positions(&b.inputs)),
+            out: dev_mut(kernels, &mut b.attn),
+            m,
+            q_heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            grid_splits,
+            pipelined,
+            cluster,
+            // Its first cache blocks stream while qkv ends; positions, slots and the
+            // block table are host copies, the cache's earlier positions earlier steps'.
+            overlap_previous: true,
+        },
+        &mut AttnScratch {
+            ws_ml: dev_mut(kernels, &mut b.attn_ml),
+            ws_o: dev_mut(kernels, &mut b.attn_o),
+            counters: dev_mut(kernels, &mut b.attn_counters),
+        },
+    )
 }

@@ -26,7 +26,7 @@ use qwen_engine::bench::report::{
 use qwen_engine::bench::traffic::{decode_step_bytes, min_step_weight_bytes, prefill_flops};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
-use qwen_engine::gpu::{self, CudaRunner, GpuOptions};
+use qwen_engine::gpu::{self, CudaRunner, DecodeStep, GpuOptions};
 use qwen_engine::model::ModelConfig;
 use qwen_engine::scheduler::{Event, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
@@ -71,6 +71,19 @@ pub struct BenchArgs {
     /// fallback path beside the others' SASS (which module's PTX moves the bits or the time).
     #[arg(long, value_delimiter = ',')]
     ptx_modules: Vec<String>,
+    /// The decode step kinds to run, each over the whole matrix (comma-separated): `launches`
+    /// (one launch per op) and `persistent` (the persistent step, issue 32; where it cannot run
+    /// here the runner falls back to the launches and the record says so).
+    #[arg(long, value_delimiter = ',', default_value = "launches,persistent")]
+    step: Vec<DecodeStep>,
+    /// Blocks of each persistent launch (default: one an SM); Thor has 20 SMs.
+    #[arg(long)]
+    persistent_blocks: Option<usize>,
+    /// After the matrix, run the persistent step once more with every task run stamped, at the
+    /// smallest cell (first input, concurrency 1) and the largest (last input, largest
+    /// concurrency), and put each pass's timeline (SVG) and time table (Markdown) in the bundle.
+    #[arg(long)]
+    persistent_trace: bool,
     /// Merge decode attention's splits through the workspace everywhere, never inside
     /// thread-block clusters (to measure what the clusters give; the same tokens either way).
     #[arg(long)]
@@ -229,6 +242,21 @@ impl Timer {
     }
 }
 
+/// An engine over `runner` for `max_context` tokens, and the timer on its stream.
+fn engine_on(
+    runner: Box<dyn CudaRunner>,
+    model: &qwen_engine::model::ModelDesc,
+    max_context: usize,
+) -> (Engine, Timer) {
+    let timer = Timer {
+        ctx: runner.kernels().context().clone(),
+        stream: runner.kernels().stream().clone(),
+    };
+    let mut opts = EngineOptions::for_model(model);
+    opts.max_context = max_context;
+    (Engine::new(runner, model, opts), timer)
+}
+
 /// Runs one cell on `engine`; returns the cell and every request's generated ids.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
@@ -237,6 +265,7 @@ fn run_cell(
     config: &ModelConfig,
     args: &BenchArgs,
     policy: Policy,
+    step: &str,
     input: usize,
     concurrency: usize,
     bandwidth_gbs: f64,
@@ -361,6 +390,7 @@ fn run_cell(
         input,
         concurrency,
         policy,
+        step,
         step_ms: &steps_ms,
         window_ms,
         prefill_ms,
@@ -410,40 +440,78 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
     let mut bandwidth: Option<Bandwidth> = None;
     let mut cold = std::collections::BTreeMap::new();
     let mut dispatch = serde_json::Map::new();
-    for &policy in &args.policy {
-        let options = GpuOptions {
-            policy,
-            slots: max_c.max(1),
-            kv_budget: Some(kv_budget),
-            graphs: !args.no_graphs,
-            max_context: (max_input + args.warmup + args.primer + args.new_tokens + 64)
-                .next_power_of_two(),
-            toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
-            prefill_tokens: args.prefill_tokens,
-            attention_pipelined: None,
-            attention_cluster: !args.no_attention_cluster,
-            // A profiled window waits for each pass: a pass queued ahead of the window would
-            // run partly before cuProfilerStart, and the capture's kernel count would vary.
-            decode_ahead: !args.no_decode_ahead && !args.profile_window,
-            ptx_modules: args.ptx_modules.clone(),
+    // The runner's options for a policy and step kind; `stamps`: a stamped diagnostic run.
+    let gpu_options =
+        |policy: Policy, step: DecodeStep, stamps: bool| -> Result<GpuOptions, String> {
+            Ok(GpuOptions {
+                policy,
+                slots: max_c.max(1),
+                kv_budget: Some(kv_budget),
+                graphs: !args.no_graphs,
+                max_context: (max_input + args.warmup + args.primer + args.new_tokens + 64)
+                    .next_power_of_two(),
+                toolchain: ToolchainChoice::from_env().map_err(|e| e.to_string())?,
+                prefill_tokens: args.prefill_tokens,
+                attention_pipelined: None,
+                attention_cluster: !args.no_attention_cluster,
+                // A profiled window waits for each pass: a pass queued ahead of the window would
+                // run partly before cuProfilerStart, and the capture's kernel count would vary; a
+                // stamped run too, so that its last pass is the one the trace reads.
+                decode_ahead: !args.no_decode_ahead && !args.profile_window && !stamps,
+                ptx_modules: args.ptx_modules.clone(),
+                step,
+                persistent_stamps: stamps,
+            })
         };
+    for (&policy, &asked) in args
+        .policy
+        .iter()
+        .flat_map(|p| args.step.iter().map(move |s| (p, s)))
+    {
+        let asked = match asked {
+            DecodeStep::Persistent { .. } => DecodeStep::Persistent {
+                blocks: args.persistent_blocks,
+            },
+            other => other,
+        };
+        let options = gpu_options(policy, asked, false)?;
         let setup = Instant::now();
         let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |_| {})
             .map_err(|e| e.to_string())?;
+        // The step that runs (a persistent step that cannot run here falls back to launches).
+        let chosen = runner.report()["step"].clone();
+        let step = match chosen["step"].as_str() {
+            Some("launches") | None => "launches",
+            Some(_) => "persistent",
+        };
+        if step == "launches" && asked != DecodeStep::Launches {
+            eprintln!(
+                "[{policy}] the persistent step does not run here, skipped: {}",
+                chosen["fallback"]
+                    .as_str()
+                    .unwrap_or("this model family has no persistent step")
+            );
+            continue;
+        }
+        let key = if step == "launches" {
+            policy.to_string()
+        } else {
+            format!("{policy} {step}")
+        };
         eprintln!(
-            "[{policy}] runner ready in {:.2} s",
+            "[{key}] runner ready in {:.2} s",
             setup.elapsed().as_secs_f64()
         );
         let report = runner.kernels().report();
         cold.insert(
-            policy.to_string(),
+            key.clone(),
             ColdStart {
                 load_ms: report.total_load_us() as f64 / 1e3,
                 jit: report.modules.iter().any(|m| m.jit),
             },
         );
         dispatch.insert(
-            policy.to_string(),
+            key.clone(),
             serde_json::to_value(report).map_err(|e| e.to_string())?,
         );
         if bandwidth.is_none() {
@@ -469,13 +537,7 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             ));
         }
         let read_gbs = bandwidth.as_ref().map_or(0.0, |b| b.read_gbs);
-        let timer = Timer {
-            ctx: runner.kernels().context().clone(),
-            stream: runner.kernels().stream().clone(),
-        };
-        let mut opts = EngineOptions::for_model(&model);
-        opts.max_context = options.max_context;
-        let mut engine = Engine::new(runner, &model, opts);
+        let (mut engine, timer) = engine_on(runner, &model, options.max_context);
         for &input in &args.inputs {
             for &c in &args.concurrency {
                 let (cell, _) = run_cell(
@@ -484,13 +546,14 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
                     &src.config,
                     args,
                     policy,
+                    step,
                     input,
                     c,
                     read_gbs,
                     args.profile_window,
                 )?;
                 eprintln!(
-                    "[{policy}] i{input:<5} c{c}: {:>8.1} tok/s ({:>6.1} per request), TPOT {:.3} ms median / {:.3} p90, {:.1}% of the {:.0} tok/s limit, prefill {:.1} ms ({:.0} TFLOP/s), single-request match {}",
+                    "[{key}] i{input:<5} c{c}: {:>8.1} tok/s ({:>6.1} per request), TPOT {:.3} ms median / {:.3} p90, {:.1}% of the {:.0} tok/s limit, prefill {:.1} ms ({:.0} TFLOP/s), single-request match {}",
                     cell.decode_tok_s, cell.per_request_tok_s, cell.tpot_ms_median, cell.tpot_ms_p90,
                     100.0 * cell.limit_share, cell.limit_tok_s, cell.prefill_ms, cell.prefill_tflops.unwrap_or(0.0), cell.first_matches_single
                 );
@@ -498,11 +561,56 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
             }
         }
     }
+    let mut traces: Vec<(String, String)> = Vec::new();
+    if args.persistent_trace {
+        let first = *args.inputs.first().ok_or("no inputs")?;
+        let last = *args.inputs.last().ok_or("no inputs")?;
+        let widest = args.concurrency.iter().copied().max().unwrap_or(1);
+        let options = gpu_options(
+            args.policy[0],
+            DecodeStep::Persistent {
+                blocks: args.persistent_blocks,
+            },
+            true,
+        )?;
+        let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+        let (mut engine, _) = engine_on(runner, &model, options.max_context);
+        for (input, c) in [(first, 1), (last, widest)] {
+            // `c` requests of `input` tokens decoding together to the end: the last pass holds
+            // all `c` rows.
+            let vocab = src.config.describe().vocab_size;
+            for r in 0..c {
+                engine
+                    .submit(RequestSpec {
+                        prompt: prompt(input, vocab, 1234 + input as u64, r as u64),
+                        max_new_tokens: 8,
+                        sampling: SamplingParams::GREEDY,
+                        seed: r as u64,
+                        stop_at_eos: false,
+                    })
+                    .map_err(|e| e.to_string())?;
+            }
+            engine.run(|_| {}).map_err(|e| e.to_string())?;
+            match engine.runner().pass_trace() {
+                Some(Ok(t)) => {
+                    let stem = format!("persistent-trace-i{input}-c{c}");
+                    eprintln!("[persistent trace] i{input} c{c}:\n{}", t.table);
+                    traces.push((format!("{stem}.md"), t.table));
+                    traces.push((format!("{stem}.svg"), t.svg));
+                }
+                Some(Err(e)) => return Err(format!("persistent trace: {e}")),
+                None => {
+                    eprintln!("[persistent trace] the persistent step does not run here: no trace")
+                }
+            }
+        }
+    }
     let (name, capability, driver, sm_count, memory_bytes) = device.ok_or("no policy was run")?;
     // The largest prefill of the matrix (8 x 1024 tokens by default) stands for prefill speed.
     let prefill = cells
         .iter()
-        .filter(|c| c.policy == args.policy[0])
+        .filter(|c| c.policy == args.policy[0] && c.step == "launches")
         .max_by_key(|c| c.input * c.concurrency)
         .map(|c| Prefill {
             tokens: (c.input * c.concurrency) as u64,
@@ -544,6 +652,10 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
     println!("{}", report.markdown_table());
     let failures = report.correctness_failures();
     let dir = report.write_bundle(&args.out).map_err(|e| e.to_string())?;
+    for (file, text) in &traces {
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     eprintln!("bundle written: {}", dir.display());
     if args.json {
         println!("{}", report.to_json());

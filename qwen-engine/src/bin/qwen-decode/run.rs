@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use qwen_engine::cpu::{CpuRunner, CpuRunnerOptions};
 use qwen_engine::engine::{Engine, EngineOptions};
 use qwen_engine::gpu::prefill::PREFILL_TOKENS;
-use qwen_engine::gpu::{self, GpuOptions};
+use qwen_engine::gpu::{self, DecodeStep, GpuOptions};
 use qwen_engine::memory;
 use qwen_engine::runner::{DeviceKind, Runner};
 use qwen_engine::scheduler::{Event, FinishReason, RequestId, RequestSpec};
@@ -74,6 +74,13 @@ pub struct RunArgs {
     /// either way).
     #[arg(long)]
     no_decode_ahead: bool,
+    /// How decode passes run on the GPU: `launches` (one launch per op) or `persistent` (the
+    /// persistent step, issue 32; where it cannot run here, the launches, with a warning).
+    #[arg(long, default_value = "launches")]
+    step: DecodeStep,
+    /// Blocks of each persistent launch (default: one an SM); Thor has 20 SMs.
+    #[arg(long)]
+    persistent_blocks: Option<usize>,
     /// Modules to load from their PTX whatever the policy (comma-separated): one module's
     /// fallback path beside the others' SASS (which module's PTX moves the bits or the time).
     #[arg(long, value_delimiter = ',')]
@@ -202,6 +209,13 @@ fn build_runner(
                 attention_cluster: true,
                 decode_ahead: !args.no_decode_ahead,
                 ptx_modules: args.ptx_modules.clone(),
+                step: match args.step {
+                    DecodeStep::Persistent { .. } => DecodeStep::Persistent {
+                        blocks: args.persistent_blocks,
+                    },
+                    other => other,
+                },
+                persistent_stamps: false,
             };
             let runner = gpu::open_runner(&src.config, &src.weights, &options, &mut |n| {
                 bar.inc(n as u64)
