@@ -138,24 +138,36 @@ pub fn timeline_svg(
         blocks,
         span / 1e3
     );
+    // One path per (kind, part), its bars as `M x y h w v h h -w z` segments at 0.1 px: a pass has
+    // tens of thousands of runs, and a rect element each made charts of megabytes. Parts under
+    // 0.05 px are left out.
+    let parts = [0.25, 0.55, 1.0];
+    let mut paths: BTreeMap<(usize, usize), String> = BTreeMap::new();
     for r in &runs {
         let y = top + r.block as f64 * row;
-        let c = colour(&kind_of(r.op));
-        for (a, b, opacity) in [
-            (r.start, r.waited, 0.25),
-            (r.waited, r.ready, 0.55),
-            (r.ready, r.end, 1.0),
-        ] {
-            if b > a {
-                let _ = writeln!(
-                    svg,
-                    "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"{c}\" fill-opacity=\"{opacity}\"/>",
+        let kind = kinds.iter().position(|n| *n == kind_of(r.op)).unwrap_or(0);
+        for (part, (a, b)) in [(r.start, r.waited), (r.waited, r.ready), (r.ready, r.end)]
+            .into_iter()
+            .enumerate()
+        {
+            let w = x(b) - x(a);
+            if w >= 0.05 {
+                let _ = write!(
+                    paths.entry((kind, part)).or_default(),
+                    "M{:.1} {y:.1}h{w:.1}v{:.1}h-{w:.1}z",
                     x(a),
-                    (x(b) - x(a)).max(0.3),
                     row - 0.5
                 );
             }
         }
+    }
+    for ((kind, part), d) in &paths {
+        let _ = writeln!(
+            svg,
+            "<path fill=\"{}\" fill-opacity=\"{}\" d=\"{d}\"/>",
+            colour(&kinds[*kind]),
+            parts[*part]
+        );
     }
     let legend_y = top + blocks as f64 * row + 20.0;
     for (i, k) in kinds.iter().enumerate() {
@@ -242,8 +254,11 @@ mod tests {
             "t & t",
         );
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        // Three parts a run, two stamped runs, plus the background and two legend boxes.
-        assert_eq!(svg.matches("<rect").count(), 1 + 6 + 2);
+        // Three parts a run, two stamped runs: a path per (kind, part), each with one bar; plus
+        // the background and two legend boxes.
+        assert_eq!(svg.matches("<path").count(), 6);
+        assert_eq!(svg.matches("z\"").count(), 6);
+        assert_eq!(svg.matches("<rect").count(), 1 + 2);
         assert!(svg.contains("down&lt;x&gt;") && svg.contains("t &amp; t"));
         assert!(svg.contains("2 blocks") && svg.contains("2.0 us across"));
     }
