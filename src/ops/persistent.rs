@@ -279,8 +279,8 @@ pub enum StepInput<'a> {
 /// - `Bf16`: `bf16(y)`; `F32`: `y`;
 /// - `Residual`: `out = bf16(out + bf16(y))`, the residual stream updated in place;
 /// - `SiluMul`: the op's `n` rows are gate rows `0..n/2` and up rows `n/2..n` of one weight, dealt
-///   in 16-row tiles of 8 gate and the 8 matching up rows; `out[j] = bf16(bf16(silu(bf16(gate_j)))
-///   * bf16(up_j))` for `j < n/2`.
+///   in 16-row tiles of 8 gate and the 8 matching up rows; output `j < n/2` is
+///   `bf16(bf16(silu(bf16(gate_j))) * bf16(up_j))`.
 ///
 /// The launch-per-op GEMV's epilogues (`ops::gemv`), roundings included.
 #[derive(Clone, Copy)]

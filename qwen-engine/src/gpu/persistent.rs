@@ -447,7 +447,7 @@ impl GpuRunner {
             .sum();
         let whole = span(&all).map_or(0, |(a, b)| b - a);
         let mut md = format!(
-            "Persistent step, {} rows, {} blocks: the pass spans {:.1} us; its {} persistent launches              span {:.1} us together, {:.1} us lie between them (attention, launch ends and starts).\n\n",
+            "Persistent step, {} rows, {} blocks: the pass spans {:.1} us; its {} persistent launches span {:.1} us together, {:.1} us lie between them (attention, launch ends and starts).\n\n",
             self.last_rows,
             self.step.blocks,
             whole as f64 / 1e3,
