@@ -544,6 +544,18 @@ pub struct PersistentStep<'a> {
     _buffers: PhantomData<&'a mut ()>,
 }
 
+/// Shared memory a block needs beside its ring for tasks whose largest x holds `x_elements` bf16
+/// values (`m * k`): that x, then the warps' fragments.
+fn task_bytes(x_elements: usize) -> usize {
+    2 * x_elements + REDUCE_BYTES
+}
+
+/// Ring slots a step whose largest x is `m` rows of `k` would stream through on this GPU, or why
+/// it does not fit (the check [`PersistentStep::new`] makes, for a caller choosing its step first).
+pub fn stages_for(kernels: &LoadedKernels, m: usize, k: usize) -> Result<usize, OpsError> {
+    ring_stages(kernels, task_bytes(m * k))
+}
+
 /// Ring slots that fit one block an SM beside the kernel's static shared memory and `x_bytes` of
 /// task input and reduction space on this GPU (the most, up to [`MAX_STAGES`]), or why none do.
 pub fn ring_stages(kernels: &LoadedKernels, x_bytes: usize) -> Result<usize, OpsError> {
@@ -834,14 +846,13 @@ fn build<'b>(
             }
         }
     }
-    // Each task's x ([m][k] bf16) sits behind the ring, then the warps' fragments.
-    let x_bytes = ops
-        .iter()
-        .zip(bindings)
-        .map(|(node, b)| b.m * node.k * 2)
-        .max()
-        .unwrap_or(0)
-        + REDUCE_BYTES;
+    let x_bytes = task_bytes(
+        ops.iter()
+            .zip(bindings)
+            .map(|(node, b)| b.m * node.k)
+            .max()
+            .unwrap_or(0),
+    );
     let stages = ring_stages(kernels, x_bytes)?;
     let stream = kernels.stream();
     let driver = |source| OpsError::Driver { op, source };

@@ -183,8 +183,7 @@ pub(super) fn choose(
             "{blocks} persistent blocks on {sms} SMs: every block must be resident (1..={sms})"
         ))
     } else {
-        let x_bytes = aot_kernels::ops::gemv::MAX_TOKENS * widest_k * 2 + 4096;
-        persistent::ring_stages(kernels, x_bytes)
+        persistent::stages_for(kernels, persistent::MAX_TOKENS, widest_k)
             .err()
             .map(|e| e.to_string())
     };
