@@ -22,7 +22,7 @@ use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
     gemv, gemv_launch, gemv_reference, gemv_shape, gemv_with, norm_input_reference,
     norm_input_with_scales, residual_groups, residual_reference, silu_mul_reference, GemvInput,
-    GemvOptions, GemvOutput, MAX_TOKENS, MODULE, TILE_ROWS,
+    GemvOptions, GemvOutput, GemvPart, MAX_TOKENS, MODULE, TILE_ROWS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -84,8 +84,11 @@ enum Epi {
     F32,
     Residual,
     SiluMul,
+    /// Bf16 into one output per part (these widths); gathered back into `[m][n]`.
+    Parts(&'static [usize]),
 }
 
+#[derive(Clone, Copy)]
 struct GemvCase {
     name: &'static str,
     n: usize,
@@ -216,6 +219,39 @@ fn run_gemv(
                 .map(|v| v.to_bits() as u32)
                 .collect();
             v.extend(s.clone_dtoh(&so).unwrap().iter().map(|f| f.to_bits()));
+            v
+        }
+        Epi::Parts(widths) => {
+            let mut outs: Vec<CudaSlice<bf16>> = widths
+                .iter()
+                .map(|&w| s.alloc_zeros::<bf16>(m * w).unwrap())
+                .collect();
+            let parts = outs
+                .iter_mut()
+                .zip(widths)
+                .map(|(o, &width)| GemvPart {
+                    out: dev_mut(kernels, o),
+                    width,
+                })
+                .collect();
+            gemv_with(
+                kernels,
+                dev(kernels, &dw),
+                c.n,
+                c.k,
+                m,
+                &input,
+                GemvOutput::Bf16Parts { parts },
+                options,
+            )
+            .unwrap();
+            let host: Vec<Vec<bf16>> = outs.iter().map(|o| s.clone_dtoh(o).unwrap()).collect();
+            let mut v = Vec::with_capacity(m * c.n);
+            for t in 0..m {
+                for (part, &w) in host.iter().zip(widths) {
+                    v.extend(part[t * w..(t + 1) * w].iter().map(|x| x.to_bits() as u32));
+                }
+            }
             v
         }
         Epi::SiluMul => {
@@ -569,6 +605,21 @@ fn gemv_cases(sm_count: usize) -> Vec<GemvCase> {
             epi: Epi::Bf16,
         },
         GemvCase {
+            // A Qwen3.6-35B-A3B DeltaNet layer's in_proj_qkv, z, b and a in one launch.
+            name: "DeltaNet in_proj 12352x2048 parts",
+            n: 12352,
+            k: 2048,
+            norm: false,
+            epi: Epi::Parts(&[8192, 4096, 32, 32]),
+        },
+        GemvCase {
+            name: "odd 200x72 norm parts",
+            n: 200,
+            k: 72,
+            norm: true,
+            epi: Epi::Parts(&[64, 16, 120]),
+        },
+        GemvCase {
             name: "lm_head-like 32768x2560 norm f32",
             n: 32768,
             k: 2560,
@@ -806,7 +857,7 @@ fn gpu_gemv_sass_equals_ptx() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_gemv_bf16_output_matches_the_reference() {
     let sass = load_auto(&device());
-    let bf16_out = |c: &GemvCase| matches!(c.epi, Epi::Bf16);
+    let bf16_out = |c: &GemvCase| matches!(c.epi, Epi::Bf16 | Epi::Parts(_));
     each_gemv_run("gemv-bf16", sass.sm_count(), bf16_out, |c, run| {
         let got = run.on(&sass, c, false);
         let flips = run.flips(c);
@@ -819,6 +870,26 @@ fn gpu_gemv_bf16_output_matches_the_reference() {
                 .collect::<Vec<_>>(),
             1,
             |i| GEMV_ABS + flips[i] as f32,
+        );
+    });
+}
+
+/// Each part of a parts launch holds the bits a Bf16 launch of the whole W writes in its columns.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_parts_equal_the_whole_launch() {
+    let sass = load_auto(&device());
+    let parts = |c: &GemvCase| matches!(c.epi, Epi::Parts(_));
+    each_gemv_run("gemv-parts", sass.sm_count(), parts, |c, run| {
+        let whole = GemvCase {
+            epi: Epi::Bf16,
+            ..*c
+        };
+        assert_eq!(
+            run.on(&sass, c, false),
+            run.on(&sass, &whole, false),
+            "{}: the parts differ from the whole launch",
+            run.label(c)
         );
     });
 }

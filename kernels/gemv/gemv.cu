@@ -35,6 +35,9 @@
 //
 // Epilogues (per 16-row group, every token):
 //   store_bf16 / store_f32   y
+//   store_parts              y's rows cut into up to four outputs (the first at out, the others at
+//                            parts[i] from weight row part_start[i], part_ld[i] apart): one launch
+//                            for projections that share their input (a DeltaNet layer's four)
 //   residual                 h = bf16(h + bf16(y)); ssq[group] = sum h^2 (o_proj, down_proj)
 //   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 8 rows
 //                            are gate rows, the last 8 up rows (virtual rows, see pair_offset)
@@ -61,7 +64,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3 };
+enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3, kStoreParts = 4 };
+constexpr int kMoreParts = 3;  // parts after the first
 
 // Mirrored field for field by `GemvParams` in src/ops/gemv.rs (repr(C)).
 struct GemvParams {
@@ -72,6 +76,7 @@ struct GemvParams {
     void* out;                    // bf16 or f32 [m][ld_out]
     __nv_bfloat16* residual;      // residual: h [m][ld_res], updated in place
     float* ssq_out;               // residual: [n / 16][8]
+    __nv_bfloat16* parts[kMoreParts];  // store_parts: the outputs of the later parts (null: unused)
     int n, k, m;
     int ld_x, ld_out, ld_res;
     int ssq_groups;
@@ -79,7 +84,9 @@ struct GemvParams {
     float norm_offset;            // 0: w, 1: (1 + w)
     int epilogue;
     int pair_offset;              // > 0: the MLP width I; virtual rows pair gate and up rows
-    int pad_[3];
+    int part_start[kMoreParts];   // store_parts: each later part's first weight row (a multiple of 16)
+    int part_ld[kMoreParts];      // store_parts: its row stride
+    int pad_;
 };
 
 struct Shared {
@@ -116,20 +123,35 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
     switch (p.epilogue) {
         case kStoreBf16:
         case kStoreF32:
+        case kStoreParts: {
+            // The output holding this tile: parts start on tile boundaries, so a tile is in one.
+            void* out = p.out;
+            int ld = p.ld_out, col = n0;
+            if (p.epilogue == kStoreParts) {
+#pragma unroll
+                for (int i = 0; i < kMoreParts; ++i) {
+                    if (p.parts[i] != nullptr && n0 >= p.part_start[i]) {
+                        out = p.parts[i];
+                        ld = p.part_ld[i];
+                        col = n0 - p.part_start[i];
+                    }
+                }
+            }
 #pragma unroll
             for (int q = 0; q < kMaxTokens * kTileRows / 32; ++q) {
                 const int idx = lane + 32 * q;
                 const int token = idx / kTileRows, r = idx % kTileRows;
                 if (token < p.m && r < rows) {
-                    const int64_t at = static_cast<int64_t>(token) * p.ld_out + n0 + r;
-                    if (p.epilogue == kStoreBf16) {
-                        reinterpret_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(t[token][r]);
+                    const int64_t at = static_cast<int64_t>(token) * ld + col + r;
+                    if (p.epilogue != kStoreF32) {
+                        reinterpret_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(t[token][r]);
                     } else {
-                        reinterpret_cast<float*>(p.out)[at] = t[token][r];
+                        reinterpret_cast<float*>(out)[at] = t[token][r];
                     }
                 }
             }
             break;
+        }
         case kResidual: {
             // Two tokens a pass: lanes 0-15 the rows of token 2q, lanes 16-31 those of token 2q + 1.
             float old[kMaxTokens / 2];

@@ -20,7 +20,9 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use fatbin_verify::{Target, Variant};
 use half::bf16;
 
-use super::launch::{check_rows, grid_dim, launch, to_i32, Arg, OpsError, MAX_GRID_X};
+use super::launch::{
+    check_aligned, check_rows, dev, grid_dim, launch, to_i32, Arg, DevRef, OpsError, MAX_GRID_X,
+};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "gemm_bf16";
@@ -206,6 +208,30 @@ pub fn gemm_bf16(
     gemm_bf16_on(kernels, GemmKernel::best(kernels), c, a, w, s)
 }
 
+/// [`gemm_bf16`] with W as a view: rows of a larger matrix, such as one of several projections
+/// stored together (a DeltaNet layer's `in_proj_*`, which decode reads in one GEMV). The view
+/// must start on a 16-byte boundary. The same bits as [`gemm_bf16`] on a copy of those rows.
+pub fn gemm_bf16_w_view(
+    kernels: &LoadedKernels,
+    c: &mut CudaSlice<bf16>,
+    a: &CudaSlice<bf16>,
+    w: DevRef<'_, bf16>,
+    s: &GemmShape,
+) -> Result<(), OpsError> {
+    check_aligned("gemm_bf16", "w", w.addr(), 16)?;
+    let c_len = c.len();
+    run(
+        kernels,
+        "gemm_bf16",
+        GemmKernel::best(kernels),
+        Arg::Out(c),
+        c_len,
+        a,
+        w,
+        s,
+    )
+}
+
 /// `C = A . W^T` with fp32 output (no rounding to bf16): lm_head logits.
 pub fn gemm_bf16_f32out(
     kernels: &LoadedKernels,
@@ -228,7 +254,16 @@ pub fn gemm_bf16_on(
     s: &GemmShape,
 ) -> Result<(), OpsError> {
     let c_len = c.len();
-    run(kernels, "gemm_bf16", kernel, Arg::Out(c), c_len, a, w, s)
+    run(
+        kernels,
+        "gemm_bf16",
+        kernel,
+        Arg::Out(c),
+        c_len,
+        a,
+        dev(kernels, w),
+        s,
+    )
 }
 
 /// [`gemm_bf16_f32out`] on the kernel named.
@@ -248,7 +283,7 @@ pub fn gemm_bf16_f32out_on(
         Arg::OutF32(c),
         c_len,
         a,
-        w,
+        dev(kernels, w),
         s,
     )
 }
@@ -263,13 +298,13 @@ fn run<'a>(
     c: Arg<'a>,
     c_len: usize,
     a: &'a CudaSlice<bf16>,
-    w: &'a CudaSlice<bf16>,
+    w: DevRef<'_, bf16>,
     s: &GemmShape,
 ) -> Result<(), OpsError> {
-    let cfg = checked_config(op, kernels, kernel, a, w, s)?;
+    let cfg = checked_config(op, kernels, kernel, a, w.len(), s)?;
     check_rows(op, "c", c_len, s.m, s.n, s.ldc)?;
     let entry = kernel.entry(matches!(c, Arg::OutF32(_)));
-    let mut args = args(s, a, w);
+    let mut args = args(s, a, w.addr());
     args.insert(0, c);
     launch(kernels, op, kernel.module(), entry, cfg, &mut args)
 }
@@ -279,7 +314,7 @@ fn checked_config(
     kernels: &LoadedKernels,
     kernel: GemmKernel,
     a: &CudaSlice<bf16>,
-    w: &CudaSlice<bf16>,
+    w_len: usize,
     s: &GemmShape,
 ) -> Result<LaunchConfig, OpsError> {
     if kernel == GemmKernel::Wgmma && GemmKernel::best(kernels) != GemmKernel::Wgmma {
@@ -292,16 +327,16 @@ fn checked_config(
     }
     s.check(op)?;
     check_rows(op, "a", a.len(), s.m, s.k, s.lda)?;
-    check_rows(op, "w", w.len(), s.n, s.k, s.ldw)?;
+    check_rows(op, "w", w_len, s.n, s.k, s.ldw)?;
     s.config(op, kernel)
 }
 
 /// The kernel arguments after `C`; the shape was checked to fit 32 bits.
-fn args<'a>(s: &GemmShape, a: &'a CudaSlice<bf16>, w: &'a CudaSlice<bf16>) -> Vec<Arg<'a>> {
+fn args<'a>(s: &GemmShape, a: &'a CudaSlice<bf16>, w: u64) -> Vec<Arg<'a>> {
     let i = |v: usize| Arg::I32(v as i32);
     vec![
         Arg::In(a),
-        Arg::In(w),
+        Arg::U64(w),
         i(s.m),
         i(s.n),
         i(s.k),

@@ -70,6 +70,7 @@ struct GemvParams {
     out: u64,
     residual: u64,
     ssq_out: u64,
+    parts: [u64; MORE_PARTS],
     n: i32,
     k: i32,
     m: i32,
@@ -81,8 +82,18 @@ struct GemvParams {
     norm_offset: f32,
     epilogue: i32,
     pair_offset: i32,
-    pad: [i32; 3],
+    part_start: [i32; MORE_PARTS],
+    part_ld: [i32; MORE_PARTS],
+    pad: i32,
 }
+
+/// Parts after the first that a [`GemvOutput::Bf16Parts`] launch can write (`kMoreParts`).
+const MORE_PARTS: usize = 3;
+
+/// The most parts a [`GemvOutput::Bf16Parts`] launch writes.
+pub const MAX_PARTS: usize = MORE_PARTS + 1;
+
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 152);
 
 // SAFETY: plain `repr(C)` data of integers and floats, laid out as the kernel's struct.
 unsafe impl DeviceRepr for GemvParams {}
@@ -234,6 +245,53 @@ pub enum GemvOutput<'a> {
         ld_out: usize,
         intermediate: usize,
     },
+    /// W holds several projections of the same input one after another (a DeltaNet layer's
+    /// `in_proj_qkv`, `z`, `b` and `a`): y's rows go to one output per projection, in order, each
+    /// `out[m][width]` with its own rows contiguous; one launch instead of one per projection.
+    /// 1 to [`MAX_PARTS`] parts whose widths add up to n, each but the last a multiple of 16 rows
+    /// (a tile never straddles two parts). Each output gets the bits a Bf16 launch of the whole W
+    /// would write into its columns.
+    Bf16Parts {
+        parts: Vec<GemvPart<'a>>,
+    },
+}
+
+/// One projection's output of a [`GemvOutput::Bf16Parts`] launch.
+pub struct GemvPart<'a> {
+    pub out: DevMut<'a, bf16>,
+    /// Its rows of W (and columns of y).
+    pub width: usize,
+}
+
+/// Checks the widths of a [`GemvOutput::Bf16Parts`] launch of `n` rows; the message says which
+/// rule a width breaks.
+pub fn check_parts(n: usize, widths: &[usize]) -> Result<(), String> {
+    if widths.is_empty() || widths.len() > MAX_PARTS {
+        return Err(format!(
+            "{} parts: a launch writes 1 to {MAX_PARTS}",
+            widths.len()
+        ));
+    }
+    if let Some(i) = widths.iter().position(|&w| w == 0) {
+        return Err(format!("part {i} is empty"));
+    }
+    let last = widths.len() - 1;
+    if let Some(i) = widths[..last]
+        .iter()
+        .position(|w| !w.is_multiple_of(TILE_ROWS))
+    {
+        return Err(format!(
+            "part {i} is {} rows wide: every part but the last must be a multiple of {TILE_ROWS} rows (a tile's)",
+            widths[i]
+        ));
+    }
+    let total: usize = widths.iter().sum();
+    if total != n {
+        return Err(format!(
+            "the parts' widths add up to {total}, not the n {n} of W's rows"
+        ));
+    }
+    Ok(())
 }
 
 /// Virtual rows of a SiLU-and-mul GEMV: tiles of 8 gate and 8 up rows.
@@ -380,6 +438,24 @@ pub fn gemv_with(
             p.pair_offset = to_i32(op, "intermediate", intermediate)?;
             // Virtual rows: each 16-row tile holds 8 gate and 8 up rows.
             p.n = to_i32(op, "n", silu_virtual_rows(intermediate))?;
+        }
+        GemvOutput::Bf16Parts { parts } => {
+            let widths: Vec<usize> = parts.iter().map(|part| part.width).collect();
+            check_parts(n, &widths).map_err(shape_err)?;
+            let mut start = 0;
+            for (i, part) in parts.iter().enumerate() {
+                check_out(&format!("part {i}"), part.out.len(), part.width, part.width)?;
+                if i == 0 {
+                    p.out = part.out.addr();
+                    p.ld_out = to_i32(op, "part 0 width", part.width)?;
+                } else {
+                    p.parts[i - 1] = part.out.addr();
+                    p.part_start[i - 1] = to_i32(op, "part start", start)?;
+                    p.part_ld[i - 1] = to_i32(op, "part width", part.width)?;
+                }
+                start += part.width;
+            }
+            p.epilogue = 4;
         }
     }
     let launch = gemv_launch(kernels, p.n as usize, k, m, norm, options);
@@ -653,6 +729,23 @@ mod tests {
                 && src.contains("constexpr int kThreads = 256;")
         );
         assert_eq!(WARPS, 8);
+    }
+
+    #[test]
+    fn parts_must_cover_w_on_tile_boundaries() {
+        // A Qwen3.6-35B-A3B DeltaNet layer: qkv 8192, z 4096, b 32, a 32.
+        assert_eq!(check_parts(12352, &[8192, 4096, 32, 32]), Ok(()));
+        assert_eq!(check_parts(40, &[40]), Ok(()));
+        assert_eq!(check_parts(33, &[16, 17]), Ok(()));
+        let err = |n, w: &[usize]| check_parts(n, w).unwrap_err();
+        assert!(err(0, &[]).contains("1 to 4"));
+        assert!(err(80, &[16; 5]).contains("1 to 4"));
+        assert!(err(48, &[16, 0, 32]).contains("part 1 is empty"));
+        assert!(err(40, &[24, 16]).contains("part 0 is 24 rows wide"));
+        assert!(err(64, &[16, 32]).contains("add up to 48, not the n 64"));
+        // The Rust mirror of the kernel's part count.
+        let src = include_str!("../../kernels/gemv/gemv.cu");
+        assert!(src.contains(&format!("constexpr int kMoreParts = {MORE_PARTS};")));
     }
 
     #[test]

@@ -189,6 +189,11 @@ impl<'a, T> DevRef<'a, T> {
     pub(crate) fn addr(&self) -> u64 {
         self.ptr
     }
+
+    /// The address as a kernel argument (launch builders take arguments by reference).
+    pub(crate) fn addr_ref(&self) -> &u64 {
+        &self.ptr
+    }
 }
 
 impl<'a, T> DevMut<'a, T> {
@@ -198,6 +203,15 @@ impl<'a, T> DevMut<'a, T> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Reborrows, writable, for a shorter time (to pass it on and keep it).
+    pub fn reborrow(&mut self) -> DevMut<'_, T> {
+        DevMut {
+            ptr: self.ptr,
+            len: self.len,
+            _borrow: PhantomData,
+        }
     }
 
     /// Reborrows as read-only.
@@ -229,6 +243,11 @@ impl<'a, T> DevMut<'a, T> {
 
     pub(crate) fn addr(&self) -> u64 {
         self.ptr
+    }
+
+    /// The address as a kernel argument (launch builders take arguments by reference).
+    pub(crate) fn addr_ref(&self) -> &u64 {
+        &self.ptr
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use super::launch::{check_len, OpsError};
+use super::launch::{check_len, dev_mut, DevMut, OpsError};
 use super::triton::{TritonArg, TritonKernel};
 use crate::dispatch::LoadedKernels;
 
@@ -149,6 +149,46 @@ pub fn moe_forward(
     scratch: &mut MoeScratch,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
+    forward(kernels, shape, layer, x, n_tokens, scratch, out, None)
+}
+
+/// [`moe_forward`] with the count of distinct experts (what `scratch.n_experts` holds after a
+/// call) written to `n_experts` instead, an `i32` of the caller's: an engine that logs each
+/// layer's count gives each layer its own slot and needs no copy after the call.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_forward_counted(
+    kernels: &LoadedKernels,
+    shape: &MoeShape,
+    layer: &MoeLayer<'_>,
+    x: &CudaSlice<bf16>,
+    n_tokens: usize,
+    scratch: &mut MoeScratch,
+    out: &mut CudaSlice<bf16>,
+    n_experts: DevMut<'_, i32>,
+) -> Result<(), OpsError> {
+    forward(
+        kernels,
+        shape,
+        layer,
+        x,
+        n_tokens,
+        scratch,
+        out,
+        Some(n_experts),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    kernels: &LoadedKernels,
+    shape: &MoeShape,
+    layer: &MoeLayer<'_>,
+    x: &CudaSlice<bf16>,
+    n_tokens: usize,
+    scratch: &mut MoeScratch,
+    out: &mut CudaSlice<bf16>,
+    n_experts: Option<DevMut<'_, i32>>,
+) -> Result<(), OpsError> {
     const OP: &str = "moe_forward";
     let router = TritonKernel::load(kernels, OP, MODULE_ROUTER)?;
     let route = TritonKernel::load(kernels, OP, MODULE_ROUTE)?;
@@ -200,7 +240,15 @@ pub fn moe_forward(
         &[n_tokens, kk],
     )?;
     check_len(OP, "scratch.experts", &scratch.experts, &[n_tokens, kk])?;
-    check_len(OP, "scratch.n_experts", &scratch.n_experts, &[1])?;
+    let mut n_experts = match n_experts {
+        Some(v) => v,
+        None => dev_mut(kernels, &mut scratch.n_experts),
+    };
+    if n_experts.is_empty() {
+        return Err(shape_err(
+            "n_experts is empty: it needs room for one i32".into(),
+        ));
+    }
     check_len(OP, "scratch.h", &scratch.h, &[n_tokens * (kk + 1), i])?;
     check_len(OP, "scratch.y", &scratch.y, &[n_tokens * (kk + 1), h])?;
     let tokens = n_tokens as i32;
@@ -231,7 +279,7 @@ pub fn moe_forward(
             TritonArg::I32Mut(&mut scratch.topk_ids),
             TritonArg::Bf16Mut(&mut scratch.topk_weights),
             TritonArg::I32Mut(&mut scratch.experts),
-            TritonArg::I32Mut(&mut scratch.n_experts),
+            TritonArg::I32ViewMut(n_experts.reborrow()),
             TritonArg::ScalarI32(tokens),
         ],
     )?;
@@ -253,7 +301,7 @@ pub fn moe_forward(
             TritonArg::Bf16(layer.shared_gate_up),
             TritonArg::I32(&scratch.topk_ids),
             TritonArg::I32(&scratch.experts),
-            TritonArg::I32(&scratch.n_experts),
+            TritonArg::I32View(n_experts.as_ref()),
             TritonArg::Bf16Mut(&mut scratch.h),
             TritonArg::ScalarI32(tokens),
         ],
@@ -272,7 +320,7 @@ pub fn moe_forward(
             TritonArg::I32(&scratch.topk_ids),
             TritonArg::Bf16(&scratch.topk_weights),
             TritonArg::I32(&scratch.experts),
-            TritonArg::I32(&scratch.n_experts),
+            TritonArg::I32View(n_experts.as_ref()),
             TritonArg::Bf16(&scratch.logits),
             TritonArg::Bf16Mut(&mut scratch.y),
             TritonArg::ScalarI32(tokens),

@@ -11,7 +11,7 @@ use fatbin_verify::{Target, Variant};
 use half::bf16;
 use serde::Serialize;
 
-use super::launch::OpsError;
+use super::launch::{DevMut, DevRef, OpsError};
 use crate::dispatch::LoadedKernels;
 
 /// One non-constexpr parameter of a Triton kernel, in order.
@@ -104,6 +104,10 @@ pub enum TritonArg<'a> {
     F32Mut(&'a mut CudaSlice<f32>),
     I32(&'a CudaSlice<i32>),
     I32Mut(&'a mut CudaSlice<i32>),
+    /// A view (part of an allocation), read.
+    I32View(DevRef<'a, i32>),
+    /// A view, written.
+    I32ViewMut(DevMut<'a, i32>),
     ScalarI32(i32),
     ScalarF32(f32),
 }
@@ -114,7 +118,10 @@ impl TritonArg<'_> {
         match self {
             TritonArg::Bf16(_) | TritonArg::Bf16Mut(_) => "*bf16",
             TritonArg::F32(_) | TritonArg::F32Mut(_) => "*fp32",
-            TritonArg::I32(_) | TritonArg::I32Mut(_) => "*i32",
+            TritonArg::I32(_)
+            | TritonArg::I32Mut(_)
+            | TritonArg::I32View(_)
+            | TritonArg::I32ViewMut(_) => "*i32",
             TritonArg::ScalarI32(_) => "i32",
             TritonArg::ScalarF32(_) => "fp32",
         }
@@ -310,6 +317,8 @@ impl<'k> TritonKernel<'k> {
                 TritonArg::F32Mut(s) => builder.arg(&mut **s),
                 TritonArg::I32(s) => builder.arg(&**s),
                 TritonArg::I32Mut(s) => builder.arg(&mut **s),
+                TritonArg::I32View(v) => builder.arg(v.addr_ref()),
+                TritonArg::I32ViewMut(v) => builder.arg(v.addr_ref()),
                 TritonArg::ScalarI32(v) => builder.arg(&*v),
                 TritonArg::ScalarF32(v) => builder.arg(&*v),
             };

@@ -103,11 +103,9 @@ fn attention_rows(
 }
 
 pub struct LinearWeights {
-    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
-    pub qkv: CudaSlice<bf16>,
-    pub z: CudaSlice<bf16>,
-    pub b: CudaSlice<bf16>,
-    pub a: CudaSlice<bf16>,
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b` and `in_proj_a` one after another (rows
+    /// [`in_proj_widths`]): decode reads them in one GEMV, prefill one GEMM each.
+    pub in_proj: CudaSlice<bf16>,
     /// `[conv_dim, kernel]`.
     pub conv: CudaSlice<bf16>,
     pub a_log: CudaSlice<f32>,
@@ -116,6 +114,24 @@ pub struct LinearWeights {
     pub out: CudaSlice<bf16>,
     /// This layer's index among the linear layers (its place in the state pools).
     pub state_layer: usize,
+}
+
+/// The rows of a DeltaNet layer's `in_proj_qkv`, `z`, `b` and `a`, in their order in
+/// [`LinearWeights::in_proj`].
+pub fn in_proj_widths(c: &Qwen35MoeConfig) -> [usize; 4] {
+    let nv = c.linear_num_value_heads;
+    [c.conv_dim(), c.linear_value_dim(), nv, nv]
+}
+
+/// Where a DeltaNet input projection starts in [`LinearWeights::in_proj`] (elements).
+fn in_proj_offset(c: &Qwen35MoeConfig, role: Role) -> usize {
+    let part = match role {
+        Role::GdnInProjZ => 1,
+        Role::GdnInProjB => 2,
+        Role::GdnInProjA => 3,
+        _ => 0,
+    };
+    in_proj_widths(c)[..part].iter().sum::<usize>() * c.hidden_size
 }
 
 pub struct AttentionWeights {
@@ -196,10 +212,10 @@ pub fn upload(
             HybridLayer::LinearAttention => {
                 state_layer += 1;
                 MixerWeights::Linear(LinearWeights {
-                    qkv: bf(c.conv_dim() * h, "in_proj_qkv")?,
-                    z: bf(vw * h, "in_proj_z")?,
-                    b: bf(nv * h, "in_proj_b")?,
-                    a: bf(nv * h, "in_proj_a")?,
+                    in_proj: bf(
+                        in_proj_widths(c).iter().sum::<usize>() * h,
+                        "in_proj_qkv/z/b/a",
+                    )?,
                     conv: bf(c.conv_dim() * c.linear_conv_kernel_dim, "conv1d")?,
                     a_log: f32s(nv, "A_log")?,
                     dt_bias: f32s(nv, "dt_bias")?,
@@ -280,6 +296,9 @@ pub fn upload(
             role => {
                 let offset = match role {
                     Role::SharedUpProj => shared * h,
+                    Role::GdnInProjZ | Role::GdnInProjB | Role::GdnInProjA => {
+                        in_proj_offset(c, role)
+                    }
                     _ => 0,
                 };
                 let dst = buffer(&mut dw, role, spec.layer, &spec.name)?;
@@ -323,10 +342,10 @@ fn buffer<'w>(
         (Role::MoeExpertsDown, _) => &mut lw.moe.down,
         (Role::SharedGateProj | Role::SharedUpProj, _) => &mut lw.moe.shared_gate_up,
         (Role::SharedDownProj, _) => &mut lw.moe.shared_down,
-        (Role::GdnInProjQkv, MixerWeights::Linear(m)) => &mut m.qkv,
-        (Role::GdnInProjZ, MixerWeights::Linear(m)) => &mut m.z,
-        (Role::GdnInProjB, MixerWeights::Linear(m)) => &mut m.b,
-        (Role::GdnInProjA, MixerWeights::Linear(m)) => &mut m.a,
+        (
+            Role::GdnInProjQkv | Role::GdnInProjZ | Role::GdnInProjB | Role::GdnInProjA,
+            MixerWeights::Linear(m),
+        ) => &mut m.in_proj,
         (Role::GdnConv1d, MixerWeights::Linear(m)) => &mut m.conv,
         (Role::GdnNorm, MixerWeights::Linear(m)) => &mut m.norm,
         (Role::GdnOutProj, MixerWeights::Linear(m)) => &mut m.out,

@@ -2,7 +2,7 @@
 //! over the `n` rows of a pass: every sequence's rows in position order. Per layer:
 //!
 //! ```text
-//! linear     gemv/gemm x4   in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+//! linear     gemv | gemm x4 in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (one GEMV in decode)
 //!            gdn            conv1d and state shift, the delta rule on the slot's state, gated norm
 //!                           (token by token in decode and prefill passes alike)
 //!            gemv/gemm      out_proj
@@ -27,10 +27,10 @@ use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gated_delta_net::{
     gdn_recurrent, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
 };
-use aot_kernels::ops::gemm::{gemm_bf16, GemmShape};
-use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput};
+use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_w_view, GemmShape};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart};
 use aot_kernels::ops::kv_cache::BlockTable;
-use aot_kernels::ops::moe::{moe_forward, MoeLayer};
+use aot_kernels::ops::moe::{moe_forward, moe_forward_counted, MoeLayer};
 use aot_kernels::ops::output_gate::sigmoid_gate_mul;
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
@@ -39,7 +39,7 @@ use aot_kernels::ops::{dev, dev_mut, OpsError};
 use half::bf16;
 
 use super::hybrid::{HybridBuffers, HybridGpuRunner, PassSeq, HYBRID_PASS_ROWS, MOE_ROWS};
-use super::hybrid_weights::{AttentionWeights, LinearWeights, MixerWeights};
+use super::hybrid_weights::{in_proj_widths, AttentionWeights, LinearWeights, MixerWeights};
 use super::inputs;
 use crate::model::Qwen35MoeConfig;
 
@@ -176,7 +176,9 @@ impl HybridGpuRunner {
                 shared_down: &lw.moe.shared_down,
             };
             if n <= MOE_ROWS {
-                moe_forward(
+                // A decode pass logs each layer's count of distinct experts (the bench's bytes).
+                let mut count = b.moe_counts.slice_mut(l..l + 1);
+                moe_forward_counted(
                     kernels,
                     moe_shape,
                     &moe,
@@ -184,19 +186,8 @@ impl HybridGpuRunner {
                     n,
                     &mut b.moe_scratch,
                     &mut b.x,
+                    dev_mut(kernels, &mut count),
                 )?;
-                if decode {
-                    kernels
-                        .stream()
-                        .memcpy_dtod(
-                            &b.moe_scratch.n_experts.slice(0..1),
-                            &mut b.moe_counts.slice_mut(l..l + 1),
-                        )
-                        .map_err(|e| OpsError::Driver {
-                            op: "expert counts",
-                            source: e,
-                        })?;
-                }
             } else {
                 let s = kernels.stream();
                 let copy = |e| OpsError::Driver {
@@ -311,46 +302,7 @@ fn linear_mixer(
 ) -> Result<(), OpsError> {
     let kernels = f.kernels;
     let h = f.cfg.hidden_size;
-    project(
-        decode,
-        kernels,
-        &m.qkv,
-        g.conv_dim(),
-        h,
-        n,
-        &b.x,
-        &mut b.gdn_qkv,
-    )?;
-    project(
-        decode,
-        kernels,
-        &m.z,
-        g.value_width(),
-        h,
-        n,
-        &b.x,
-        &mut b.gdn_z,
-    )?;
-    project(
-        decode,
-        kernels,
-        &m.b,
-        g.value_heads,
-        h,
-        n,
-        &b.x,
-        &mut b.gdn_b,
-    )?;
-    project(
-        decode,
-        kernels,
-        &m.a,
-        g.value_heads,
-        h,
-        n,
-        &b.x,
-        &mut b.gdn_a,
-    )?;
+    in_proj(kernels, f.cfg, m, b, n, decode)?;
     let layer = GdnLayer {
         conv_weight: &m.conv,
         a_log: &m.a_log,
@@ -393,6 +345,59 @@ fn linear_mixer(
         &b.gdn_out,
         &mut b.y,
     )
+}
+
+/// A DeltaNet layer's four input projections of `b.x` (rows [`in_proj_widths`] of one weight)
+/// into `b.gdn_qkv`, `gdn_z`, `gdn_b` and `gdn_a`: one GEMV writing each its part in a decode
+/// pass, a GEMM each in a prefill pass (each on its rows of the weight, so the bits of a GEMM on
+/// that projection alone).
+fn in_proj(
+    kernels: &LoadedKernels,
+    c: &Qwen35MoeConfig,
+    m: &LinearWeights,
+    b: &mut HybridBuffers,
+    n: usize,
+    decode: bool,
+) -> Result<(), OpsError> {
+    let h = c.hidden_size;
+    let widths = in_proj_widths(c);
+    let total: usize = widths.iter().sum();
+    let outs = [&mut b.gdn_qkv, &mut b.gdn_z, &mut b.gdn_b, &mut b.gdn_a];
+    if decode {
+        let parts = outs
+            .into_iter()
+            .zip(widths)
+            .map(|(out, width)| GemvPart {
+                out: dev_mut(kernels, out),
+                width,
+            })
+            .collect();
+        return gemv(
+            kernels,
+            dev(kernels, &m.in_proj),
+            total,
+            h,
+            n,
+            &GemvInput::Plain {
+                x: dev(kernels, &b.x),
+                ld_x: h,
+            },
+            GemvOutput::Bf16Parts { parts },
+        );
+    }
+    let mut start = 0;
+    for (out, width) in outs.into_iter().zip(widths) {
+        let rows = m.in_proj.slice(start * h..(start + width) * h);
+        gemm_bf16_w_view(
+            kernels,
+            out,
+            &b.x,
+            dev(kernels, &rows),
+            &GemmShape::dense(n, width, h),
+        )?;
+        start += width;
+    }
+    Ok(())
 }
 
 /// A gated attention layer: `b.x` in, `b.y` out; writes the rows' keys and values.
