@@ -14,7 +14,9 @@ Five launches: router logits (all experts and the shared gate, all tokens) -> ro
 weights, and the sorted list of distinct experts the batch chose) -> gate/up of the chosen experts
 and the shared expert -> their down projections, weighted -> the combination in expert order.
 Each chosen expert's weights are read once per launch, whichever tokens chose it; unchosen
-experts' weights are never read.
+experts' weights are never read. An engine whose next step is the residual add and an RMSNorm
+takes `moe_combine_norm` as the fifth launch instead: the combination, the add and the norm of a
+token's row in one program (one launch fewer a layer).
 
 Layouts:
   x            [tokens, H] bf16
@@ -226,6 +228,37 @@ def moe_combine(
              mask=live[:, None])
 
 
+@triton.jit
+def moe_combine_norm(
+    y_ptr, topk_ids_ptr, residual_ptr, norm_w_ptr, x_ptr, n_tokens, eps, weight_offset,
+    H: tl.constexpr, TOPK: tl.constexpr,
+):
+    """moe_combine, then the residual add and the next RMSNorm of the same row, one program a
+    token: r = bf16(residual + moe), residual <- r, x <- bf16((w + weight_offset) *
+    bf16(r * rsqrt(mean(r^2) + eps))). The sum of squares is one tree over the row, so x can differ
+    from the CUDA fused_add_rmsnorm's by an ulp where the two sums round apart; r is the same bits."""
+    t = tl.program_id(0)
+    c = tl.arange(0, H)
+    kc = tl.arange(0, TOPK)
+    ids = tl.load(topk_ids_ptr + t * TOPK + kc)
+    out = tl.zeros([H], dtype=tl.float32)
+    for _ in tl.static_range(TOPK):
+        lowest = tl.min(ids, axis=0)
+        k = tl.min(tl.where(ids == lowest, kc, TOPK), axis=0)
+        ids = tl.where(kc == k, 2147483647, ids)
+        y = tl.load(y_ptr + (t * TOPK + k) * H + c)
+        out = (out + y.to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    shared = tl.load(y_ptr + (n_tokens * TOPK + t) * H + c)
+    moe = (out + shared.to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    r = (tl.load(residual_ptr + t * H + c).to(tl.float32) + moe).to(tl.bfloat16)
+    tl.store(residual_ptr + t * H + c, r)
+    rf = r.to(tl.float32)
+    scale = tl.rsqrt(tl.math.div_rn(tl.sum(rf * rf, axis=0), H * 1.0) + eps)
+    normed = (rf * scale).to(tl.bfloat16).to(tl.float32)
+    w = tl.load(norm_w_ptr + c).to(tl.float32) + weight_offset
+    tl.store(x_ptr + t * H + c, (w * normed).to(tl.bfloat16))
+
+
 # Qwen3.5 / Qwen3.6-35B-A3B MoE shapes; up to 16 tokens (the smallest tl.dot width).
 QWEN35_A3B = dict(H=2048, E=256, TOPK=8, I=512, MAX_TOKENS=16)
 _ptr = "*bf16"
@@ -273,6 +306,15 @@ SPECS = [
         kernel=moe_combine,
         signature={"y_ptr": _ptr, "topk_ids_ptr": "*i32", "out_ptr": _ptr, "n_tokens": "i32"},
         constexprs=dict(H=2048, TOPK=8, MAX_TOKENS=16, BLOCK_C=64),
+        num_warps=4,
+        num_stages=1,
+    ),
+    dict(
+        module="moe_combine_norm",
+        kernel=moe_combine_norm,
+        signature={"y_ptr": _ptr, "topk_ids_ptr": "*i32", "residual_ptr": _ptr, "norm_w_ptr": _ptr,
+                   "x_ptr": _ptr, "n_tokens": "i32", "eps": "fp32", "weight_offset": "fp32"},
+        constexprs=dict(H=2048, TOPK=8),
         num_warps=4,
         num_stages=1,
     ),

@@ -31,14 +31,21 @@ pub(crate) fn check_len<T>(
     slice: &CudaSlice<T>,
     dims: &[usize],
 ) -> Result<(), OpsError> {
+    check_count(op, what, slice.len(), dims)
+}
+
+/// [`check_len`] for a buffer (or view) of `len` elements.
+pub(crate) fn check_count(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    dims: &[usize],
+) -> Result<(), OpsError> {
     let want = elements(op, what, dims)?;
-    if slice.len() < want {
+    if len < want {
         return Err(OpsError::Shape {
             op,
-            message: format!(
-                "`{what}` holds {} elements, the shape needs {want}",
-                slice.len()
-            ),
+            message: format!("`{what}` holds {len} elements, the shape needs {want}"),
         });
     }
     Ok(())

@@ -1,6 +1,8 @@
 //! The MoE block of Qwen3.5 / Qwen3.6-35B-A3B for decode batches of 1..`max_tokens` tokens, on
 //! the Triton modules `moe_router`, `moe_route`, `moe_gate_up`, `moe_down` and `moe_combine`
-//! (kernels/triton/moe.py), with a CPU reference.
+//! (kernels/triton/moe.py), with a CPU reference. [`moe_forward_add_norm`] ends with
+//! `moe_combine_norm` instead: the decoder layer's residual add and next RMSNorm in the same
+//! launch as the combination.
 //!
 //! `p = softmax(x W_r^T)`, the top `top_k` divided by their sum; each chosen expert computes
 //! `down(silu(gate(x)) * up(x))`; the output is `sum_i p_i expert_i(x)` plus
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use super::launch::{check_len, dev_mut, DevMut, OpsError};
+use super::launch::{check_count, check_len, dev_mut, DevMut, DevRef, OpsError};
 use super::triton::{TritonArg, TritonKernel};
 use crate::dispatch::LoadedKernels;
 
@@ -30,11 +32,13 @@ pub const MODULE_ROUTE: &str = "moe_route";
 pub const MODULE_GATE_UP: &str = "moe_gate_up";
 pub const MODULE_DOWN: &str = "moe_down";
 pub const MODULE_COMBINE: &str = "moe_combine";
+pub const MODULE_COMBINE_NORM: &str = "moe_combine_norm";
 pub const ENTRY_ROUTER: &str = "moe_router_logits";
 pub const ENTRY_ROUTE: &str = "moe_route";
 pub const ENTRY_GATE_UP: &str = "moe_gate_up";
 pub const ENTRY_DOWN: &str = "moe_down";
 pub const ENTRY_COMBINE: &str = "moe_combine";
+pub const ENTRY_COMBINE_NORM: &str = "moe_combine_norm";
 /// The (module, entry) pairs this file's launchers call ([`super::launched_entries`]).
 pub const LAUNCHED: &[(&str, &str)] = &[
     (MODULE_ROUTER, ENTRY_ROUTER),
@@ -42,6 +46,7 @@ pub const LAUNCHED: &[(&str, &str)] = &[
     (MODULE_GATE_UP, ENTRY_GATE_UP),
     (MODULE_DOWN, ENTRY_DOWN),
     (MODULE_COMBINE, ENTRY_COMBINE),
+    (MODULE_COMBINE_NORM, ENTRY_COMBINE_NORM),
 ];
 
 /// Programs per SM of the grid-stride `moe_down`: enough blocks resident to keep each SM's share of
@@ -139,6 +144,28 @@ fn grid(what: &str, n: usize) -> Result<u32, OpsError> {
         .ok_or_else(|| shape_err(format!("{what} = {n} is not a launchable grid size")))
 }
 
+/// The residual add and RMSNorm that follow the MoE block in a decoder layer, for
+/// [`moe_forward_add_norm`].
+pub struct MoeAddNorm<'a> {
+    /// `[n_tokens, hidden]`, the residual stream: `r = bf16(residual + moe)` is written back.
+    pub residual: DevMut<'a, bf16>,
+    /// `[hidden]`, the next norm's weight.
+    pub weight: DevRef<'a, bf16>,
+    pub eps: f32,
+    /// 1 for the zero-centred norms of Qwen3.5/3.6 (`* (1 + w)`), 0 for `* w`.
+    pub weight_offset: f32,
+    /// `[n_tokens, hidden]`: `bf16((w + weight_offset) * bf16(r * rsqrt(mean(r^2) + eps)))`.
+    pub normed: DevMut<'a, bf16>,
+}
+
+/// What the block's last launch does with its output.
+enum Output<'a, 'b> {
+    /// Writes it (`moe_combine`).
+    Plain(&'b mut CudaSlice<bf16>),
+    /// Adds it to the residual stream and norms the sum (`moe_combine_norm`).
+    AddNorm(MoeAddNorm<'a>),
+}
+
 /// The MoE block for `n_tokens` rows of `x` (`[n_tokens, hidden]`) into `out` (`[n_tokens, hidden]`).
 pub fn moe_forward(
     kernels: &LoadedKernels,
@@ -149,7 +176,16 @@ pub fn moe_forward(
     scratch: &mut MoeScratch,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
-    forward(kernels, shape, layer, x, n_tokens, scratch, out, None)
+    forward(
+        kernels,
+        shape,
+        layer,
+        x,
+        n_tokens,
+        scratch,
+        Output::Plain(out),
+        None,
+    )
 }
 
 /// [`moe_forward`] with the count of distinct experts (what `scratch.n_experts` holds after a
@@ -173,8 +209,36 @@ pub fn moe_forward_counted(
         x,
         n_tokens,
         scratch,
-        out,
+        Output::Plain(out),
         Some(n_experts),
+    )
+}
+
+/// The MoE block of `x` followed by the decoder layer's residual add and next RMSNorm, the three
+/// in the block's last launch (one launch fewer than [`moe_forward`] and a separate
+/// `fused_add_rmsnorm`). The residual gets the same bits as that pair; the normed rows can differ
+/// from `fused_add_rmsnorm`'s by an ulp where its sum of squares (another order) rounds apart.
+/// `n_experts` as in [`moe_forward_counted`] (`None`: into `scratch.n_experts`).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_forward_add_norm(
+    kernels: &LoadedKernels,
+    shape: &MoeShape,
+    layer: &MoeLayer<'_>,
+    x: &CudaSlice<bf16>,
+    n_tokens: usize,
+    scratch: &mut MoeScratch,
+    add_norm: MoeAddNorm<'_>,
+    n_experts: Option<DevMut<'_, i32>>,
+) -> Result<(), OpsError> {
+    forward(
+        kernels,
+        shape,
+        layer,
+        x,
+        n_tokens,
+        scratch,
+        Output::AddNorm(add_norm),
+        n_experts,
     )
 }
 
@@ -186,7 +250,7 @@ fn forward(
     x: &CudaSlice<bf16>,
     n_tokens: usize,
     scratch: &mut MoeScratch,
-    out: &mut CudaSlice<bf16>,
+    output: Output<'_, '_>,
     n_experts: Option<DevMut<'_, i32>>,
 ) -> Result<(), OpsError> {
     const OP: &str = "moe_forward";
@@ -194,7 +258,10 @@ fn forward(
     let route = TritonKernel::load(kernels, OP, MODULE_ROUTE)?;
     let gate_up = TritonKernel::load(kernels, OP, MODULE_GATE_UP)?;
     let down = TritonKernel::load(kernels, OP, MODULE_DOWN)?;
-    let combine = TritonKernel::load(kernels, OP, MODULE_COMBINE)?;
+    let combine = match &output {
+        Output::Plain(_) => TritonKernel::load(kernels, OP, MODULE_COMBINE)?,
+        Output::AddNorm(_) => TritonKernel::load(kernels, OP, MODULE_COMBINE_NORM)?,
+    };
     for kernel in [&router, &route, &gate_up, &down, &combine] {
         for (name, value) in [
             ("H", shape.hidden),
@@ -209,7 +276,9 @@ fn forward(
     }
     let max_tokens = route.constexpr(OP, "MAX_TOKENS")?;
     for kernel in [&router, &gate_up, &down, &combine] {
-        kernel.expect(OP, "MAX_TOKENS", max_tokens)?;
+        if kernel.record.constexpr("MAX_TOKENS").is_some() {
+            kernel.expect(OP, "MAX_TOKENS", max_tokens)?;
+        }
     }
     if n_tokens == 0 || n_tokens > max_tokens {
         return Err(shape_err(format!(
@@ -224,7 +293,14 @@ fn forward(
     }
     let (h, e, kk, i) = (shape.hidden, shape.experts, shape.top_k, shape.inter);
     check_len(OP, "x", x, &[n_tokens, h])?;
-    check_len(OP, "out", out, &[n_tokens, h])?;
+    match &output {
+        Output::Plain(out) => check_len(OP, "out", out, &[n_tokens, h])?,
+        Output::AddNorm(a) => {
+            check_count(OP, "residual", a.residual.len(), &[n_tokens, h])?;
+            check_count(OP, "normed", a.normed.len(), &[n_tokens, h])?;
+            check_count(OP, "norm weight", a.weight.len(), &[h])?;
+        }
+    }
     check_len(OP, "router", layer.router, &[e, h])?;
     check_len(OP, "shared_gate", layer.shared_gate, &[h])?;
     check_len(OP, "gate_up", layer.gate_up, &[e, 2 * i, h])?;
@@ -326,23 +402,40 @@ fn forward(
             TritonArg::ScalarI32(tokens),
         ],
     )?;
-    combine.launch(
-        OP,
-        (
-            grid(
-                "combine blocks",
-                h.div_ceil(combine.constexpr(OP, "BLOCK_C")?),
-            )?,
-            1,
-            1,
+    match output {
+        Output::Plain(out) => combine.launch(
+            OP,
+            (
+                grid(
+                    "combine blocks",
+                    h.div_ceil(combine.constexpr(OP, "BLOCK_C")?),
+                )?,
+                1,
+                1,
+            ),
+            &mut [
+                TritonArg::Bf16(&scratch.y),
+                TritonArg::I32(&scratch.topk_ids),
+                TritonArg::Bf16Mut(out),
+                TritonArg::ScalarI32(tokens),
+            ],
         ),
-        &mut [
-            TritonArg::Bf16(&scratch.y),
-            TritonArg::I32(&scratch.topk_ids),
-            TritonArg::Bf16Mut(out),
-            TritonArg::ScalarI32(tokens),
-        ],
-    )
+        // One program a token: the norm needs its whole row.
+        Output::AddNorm(a) => combine.launch(
+            OP,
+            (grid("combine rows", n_tokens)?, 1, 1),
+            &mut [
+                TritonArg::Bf16(&scratch.y),
+                TritonArg::I32(&scratch.topk_ids),
+                TritonArg::Bf16ViewMut(a.residual),
+                TritonArg::Bf16View(a.weight),
+                TritonArg::Bf16ViewMut(a.normed),
+                TritonArg::ScalarI32(tokens),
+                TritonArg::ScalarF32(a.eps),
+                TritonArg::ScalarF32(a.weight_offset),
+            ],
+        ),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

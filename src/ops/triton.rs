@@ -108,6 +108,10 @@ pub enum TritonArg<'a> {
     I32View(DevRef<'a, i32>),
     /// A view, written.
     I32ViewMut(DevMut<'a, i32>),
+    /// A view of bf16, read.
+    Bf16View(DevRef<'a, bf16>),
+    /// A view of bf16, written.
+    Bf16ViewMut(DevMut<'a, bf16>),
     ScalarI32(i32),
     ScalarF32(f32),
 }
@@ -116,7 +120,10 @@ impl TritonArg<'_> {
     /// The Triton type this argument passes.
     pub fn triton_type(&self) -> &'static str {
         match self {
-            TritonArg::Bf16(_) | TritonArg::Bf16Mut(_) => "*bf16",
+            TritonArg::Bf16(_)
+            | TritonArg::Bf16Mut(_)
+            | TritonArg::Bf16View(_)
+            | TritonArg::Bf16ViewMut(_) => "*bf16",
             TritonArg::F32(_) | TritonArg::F32Mut(_) => "*fp32",
             TritonArg::I32(_)
             | TritonArg::I32Mut(_)
@@ -319,6 +326,8 @@ impl<'k> TritonKernel<'k> {
                 TritonArg::I32Mut(s) => builder.arg(&mut **s),
                 TritonArg::I32View(v) => builder.arg(v.addr_ref()),
                 TritonArg::I32ViewMut(v) => builder.arg(v.addr_ref()),
+                TritonArg::Bf16View(v) => builder.arg(v.addr_ref()),
+                TritonArg::Bf16ViewMut(v) => builder.arg(v.addr_ref()),
                 TritonArg::ScalarI32(v) => builder.arg(&*v),
                 TritonArg::ScalarF32(v) => builder.arg(&*v),
             };

@@ -140,9 +140,8 @@ pub(super) struct HybridBuffers {
     pub attn_ml: CudaSlice<f32>,
     pub attn_o: CudaSlice<f32>,
     pub attn_counters: CudaSlice<u32>,
-    /// The MoE block's rows of one call, in and out, and its scratch.
+    /// The MoE block's input rows of one prefill call (16 of a pass's rows), and its scratch.
     pub moe_in: CudaSlice<bf16>,
-    pub moe_out: CudaSlice<bf16>,
     pub moe_scratch: MoeScratch,
     /// A decode pass's count of distinct experts per layer, at fixed addresses (a graph writes
     /// them); copied into the expert log after the pass.
@@ -257,7 +256,6 @@ impl HybridGpuRunner {
                 .alloc_zeros::<u32>(ac.max(1))
                 .map_err(dev_err("attention workspace"))?,
             moe_in: bf(MOE_ROWS * h, "moe")?,
-            moe_out: bf(MOE_ROWS * h, "moe")?,
             moe_scratch: MoeScratch::new(&s, &moe, MOE_ROWS).map_err(ops)?,
             moe_counts: i32s(cfg.num_hidden_layers, "expert counts")?,
             last: bf(MAX_TOKENS * h, "sampling rows")?,

@@ -379,6 +379,25 @@ fn f32_buffer<'w>(
 mod tests {
     use super::*;
 
+    /// The four projections lie end to end in the fused weight, in the order of
+    /// [`in_proj_widths`], which is what the GEMV's parts epilogue assumes.
+    #[test]
+    fn the_in_proj_offsets_lay_the_projections_end_to_end() {
+        let c = Qwen35MoeConfig::tiny();
+        let h = c.hidden_size;
+        let (conv, value, nv) = (c.conv_dim(), c.linear_value_dim(), c.linear_num_value_heads);
+        assert_eq!(in_proj_widths(&c), [conv, value, nv, nv]);
+        assert_eq!(in_proj_offset(&c, Role::GdnInProjQkv), 0);
+        assert_eq!(in_proj_offset(&c, Role::GdnInProjZ), conv * h);
+        assert_eq!(in_proj_offset(&c, Role::GdnInProjB), (conv + value) * h);
+        assert_eq!(
+            in_proj_offset(&c, Role::GdnInProjA),
+            (conv + value + nv) * h
+        );
+        let total: usize = in_proj_widths(&c).iter().sum();
+        assert_eq!(in_proj_offset(&c, Role::GdnInProjA) + nv * h, total * h);
+    }
+
     #[test]
     fn the_permutation_moves_the_rotated_pairs_to_half_a_head_apart() {
         let perm = rope_permutation(8, 4);

@@ -12,8 +12,9 @@
 //!            output_gate    o *= sigmoid(gate)
 //!            gemv/gemm      o_proj
 //! both       add + norm     h += mixer; x = rmsnorm(h) * (1 + w_post)
-//!            moe            router, top-k, the chosen experts and the shared expert (16 rows a call)
-//!            add + norm     h += moe; x = rmsnorm(h) * (1 + w_next)   (or the final norm)
+//!            moe            router, top-k, the chosen experts and the shared expert (16 rows a call),
+//!                           its last launch also h += moe; x = rmsnorm(h) * (1 + w_next)
+//!                           (or the final norm)
 //! ```
 //!
 //! then, for the rows that sample, lm_head and the sampling. Projections take the GEMV (up to
@@ -30,7 +31,7 @@ use aot_kernels::ops::gated_delta_net::{
 use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_w_view, GemmShape};
 use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart};
 use aot_kernels::ops::kv_cache::BlockTable;
-use aot_kernels::ops::moe::{moe_forward, moe_forward_counted, MoeLayer};
+use aot_kernels::ops::moe::{moe_forward_add_norm, MoeAddNorm, MoeLayer};
 use aot_kernels::ops::output_gate::sigmoid_gate_mul;
 use aot_kernels::ops::qk_norm_rope::{qk_norm_rope_cache, QkNormRopeInputs, QkNormRopeParams};
 use aot_kernels::ops::rmsnorm::{fused_add_rmsnorm, rmsnorm, RmsNormParams};
@@ -175,52 +176,63 @@ impl HybridGpuRunner {
                 shared_gate_up: &lw.moe.shared_gate_up,
                 shared_down: &lw.moe.shared_down,
             };
+            // The block's last launch also adds its output to the residual stream and applies
+            // the next norm (the next layer's input norm, or the final one).
+            let next = if l + 1 < layers {
+                &w.layers[l + 1].input_norm
+            } else {
+                &w.final_norm
+            };
             if n <= MOE_ROWS {
                 // A decode pass logs each layer's count of distinct experts (the bench's bytes).
                 let mut count = b.moe_counts.slice_mut(l..l + 1);
-                moe_forward_counted(
+                let add_norm = MoeAddNorm {
+                    residual: dev_mut(kernels, &mut b.h),
+                    weight: dev(kernels, next),
+                    eps,
+                    weight_offset: 1.0,
+                    normed: dev_mut(kernels, &mut b.x),
+                };
+                moe_forward_add_norm(
                     kernels,
                     moe_shape,
                     &moe,
                     &b.y,
                     n,
                     &mut b.moe_scratch,
-                    &mut b.x,
-                    dev_mut(kernels, &mut count),
+                    add_norm,
+                    Some(dev_mut(kernels, &mut count)),
                 )?;
             } else {
-                let s = kernels.stream();
-                let copy = |e| OpsError::Driver {
-                    op: "moe rows",
-                    source: e,
-                };
                 for first in (0..n).step_by(MOE_ROWS) {
                     let rows = MOE_ROWS.min(n - first);
                     let span = first * h..(first + rows) * h;
-                    s.memcpy_dtod(
-                        &b.y.slice(span.clone()),
-                        &mut b.moe_in.slice_mut(0..rows * h),
-                    )
-                    .map_err(copy)?;
-                    moe_forward(
+                    kernels
+                        .stream()
+                        .memcpy_dtod(&b.y.slice(span), &mut b.moe_in.slice_mut(0..rows * h))
+                        .map_err(|e| OpsError::Driver {
+                            op: "moe rows",
+                            source: e,
+                        })?;
+                    let add_norm = MoeAddNorm {
+                        residual: dev_mut(kernels, &mut b.h).skip(first * h)?,
+                        weight: dev(kernels, next),
+                        eps,
+                        weight_offset: 1.0,
+                        normed: dev_mut(kernels, &mut b.x).skip(first * h)?,
+                    };
+                    moe_forward_add_norm(
                         kernels,
                         moe_shape,
                         &moe,
                         &b.moe_in,
                         rows,
                         &mut b.moe_scratch,
-                        &mut b.moe_out,
+                        add_norm,
+                        None,
                     )?;
-                    s.memcpy_dtod(&b.moe_out.slice(0..rows * h), &mut b.x.slice_mut(span))
-                        .map_err(copy)?;
                 }
             }
-            let next = if l + 1 < layers {
-                &w.layers[l + 1].input_norm
-            } else {
-                &w.final_norm
-            };
-            fused_add_rmsnorm(kernels, &mut b.x, &mut b.h, next, &norm)?;
         }
         Ok(())
     }
