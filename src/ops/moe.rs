@@ -188,37 +188,13 @@ pub fn moe_forward(
     )
 }
 
-/// [`moe_forward`] with the count of distinct experts (what `scratch.n_experts` holds after a
-/// call) written to `n_experts` instead, an `i32` of the caller's: an engine that logs each
-/// layer's count gives each layer its own slot and needs no copy after the call.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_forward_counted(
-    kernels: &LoadedKernels,
-    shape: &MoeShape,
-    layer: &MoeLayer<'_>,
-    x: &CudaSlice<bf16>,
-    n_tokens: usize,
-    scratch: &mut MoeScratch,
-    out: &mut CudaSlice<bf16>,
-    n_experts: DevMut<'_, i32>,
-) -> Result<(), OpsError> {
-    forward(
-        kernels,
-        shape,
-        layer,
-        x,
-        n_tokens,
-        scratch,
-        Output::Plain(out),
-        Some(n_experts),
-    )
-}
-
 /// The MoE block of `x` followed by the decoder layer's residual add and next RMSNorm, the three
 /// in the block's last launch (one launch fewer than [`moe_forward`] and a separate
 /// `fused_add_rmsnorm`). The residual gets the same bits as that pair; the normed rows can differ
 /// from `fused_add_rmsnorm`'s by an ulp where its sum of squares (another order) rounds apart.
-/// `n_experts` as in [`moe_forward_counted`] (`None`: into `scratch.n_experts`).
+/// `n_experts` takes the count of distinct experts (an `i32` of the caller's: an engine that logs
+/// each layer's count gives each layer its own slot and needs no copy after the call); `None`
+/// leaves it in `scratch.n_experts`, as [`moe_forward`] does.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_forward_add_norm(
     kernels: &LoadedKernels,
