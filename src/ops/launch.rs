@@ -31,24 +31,7 @@ pub(crate) fn check_len<T>(
     slice: &CudaSlice<T>,
     dims: &[usize],
 ) -> Result<(), OpsError> {
-    check_count(op, what, slice.len(), dims)
-}
-
-/// [`check_len`] for a buffer (or view) of `len` elements.
-pub(crate) fn check_count(
-    op: &'static str,
-    what: &str,
-    len: usize,
-    dims: &[usize],
-) -> Result<(), OpsError> {
-    let want = elements(op, what, dims)?;
-    if len < want {
-        return Err(OpsError::Shape {
-            op,
-            message: format!("`{what}` holds {len} elements, the shape needs {want}"),
-        });
-    }
-    Ok(())
+    check_view(op, what, slice.len(), dims)
 }
 
 /// Checks that a buffer of `len` elements holds `rows` rows of `row_len` elements whose starts

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use super::launch::{check_count, check_len, dev_mut, DevMut, DevRef, OpsError};
+use super::launch::{check_len, check_view, dev_mut, DevMut, DevRef, OpsError};
 use super::triton::{TritonArg, TritonKernel};
 use crate::dispatch::LoadedKernels;
 
@@ -272,9 +272,9 @@ fn forward(
     match &output {
         Output::Plain(out) => check_len(OP, "out", out, &[n_tokens, h])?,
         Output::AddNorm(a) => {
-            check_count(OP, "residual", a.residual.len(), &[n_tokens, h])?;
-            check_count(OP, "normed", a.normed.len(), &[n_tokens, h])?;
-            check_count(OP, "norm weight", a.weight.len(), &[h])?;
+            check_view(OP, "residual", a.residual.len(), &[n_tokens, h])?;
+            check_view(OP, "normed", a.normed.len(), &[n_tokens, h])?;
+            check_view(OP, "norm weight", a.weight.len(), &[h])?;
         }
     }
     check_len(OP, "router", layer.router, &[e, h])?;
