@@ -50,8 +50,9 @@ pub const LAUNCHED: &[(&str, &str)] = &[
 ];
 
 /// Programs per SM of the grid-stride `moe_down`: enough blocks resident to keep each SM's share of
-/// the weight stream in flight (8 against 4: 11.4 against 12.6 us a call at c1 on the H200).
-const PROGRAMS_PER_SM: usize = 8;
+/// the weight stream in flight (with 32-output items on the H200, 16 against 8: 32.8 against 36.7
+/// us a call at 8 tokens, the same at 1; `scripts/bench/triton_sweep.py`).
+const PROGRAMS_PER_SM: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
