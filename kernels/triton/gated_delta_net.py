@@ -263,7 +263,7 @@ SPECS = [
             "qkv_ptr": "*bf16", "conv_w_ptr": "*bf16", "conv_state_ptr": "*bf16", "out_ptr": "*bf16",
             "cu_seqlens_ptr": "*i32", "slots_ptr": "*i32", "has_state_ptr": "*i32",
         },
-        constexprs=dict(CONV_DIM=2 * 16 * 128 + 32 * 128, WIDTH=4, BLOCK_C=256, BLOCK_T=16),
+        constexprs=dict(CONV_DIM=2 * 16 * 128 + 32 * 128, WIDTH=4, BLOCK_C=128, BLOCK_T=16),
         num_warps=4,
         num_stages=1,
     ),
@@ -277,7 +277,7 @@ SPECS = [
             "eps": "fp32",
         },
         constexprs=QWEN35_A3B,
-        num_warps=8,
+        num_warps=4,
         num_stages=1,
     ),
     dict(

@@ -315,7 +315,7 @@ SPECS = [
         signature={"y_ptr": _ptr, "topk_ids_ptr": "*i32", "residual_ptr": _ptr, "norm_w_ptr": _ptr,
                    "x_ptr": _ptr, "n_tokens": "i32", "eps": "fp32", "weight_offset": "fp32"},
         constexprs=dict(H=2048, TOPK=8),
-        num_warps=4,
+        num_warps=8,
         num_stages=1,
     ),
 ]
