@@ -7,8 +7,11 @@ programs per SM) is compiled by Triton's JIT, launched on the Qwen3.5/3.6-35B-A3
 of tensors far larger than L2), captured as a CUDA graph of back-to-back calls, and timed as the
 median of several replays. It prints microseconds a call, the bytes a call reads over that time,
 and whether the outputs are the bits of the settings the AOT build uses today (the first row of
-each kernel). A setting that wins here is then measured in the engine's step (`qwen-decode bench`)
-before it is kept: a kernel alone shares neither SMs nor L2 with its neighbours.
+each kernel). That check is one call on random inputs: where a setting reorders a sum across
+threads (a norm's sum of squares, the DeltaNet state's sums), roundings that differ only now and
+then can pass it, so the engine's digests have the last word on bits. A setting that wins here
+is then measured in the engine's step (`qwen-decode bench`) before it is kept: a kernel alone
+shares neither SMs nor L2 with its neighbours.
 
     python3 scripts/bench/triton_sweep.py [--kernels router,gate_up,down,combine_norm,gdn_recurrent,gdn_conv1d]
                                        [--tokens 1,8]
@@ -20,13 +23,15 @@ before the bit comparison, so every setting's check starts from the same bytes.
 import argparse
 import itertools
 import os
+import re
 import statistics
 import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "kernels", "triton"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "kernels", "triton"))
 import gated_delta_net as gdn  # noqa: E402
 import moe  # noqa: E402
 
@@ -39,6 +44,15 @@ REPLAYS = 15
 
 def spec(module):
     return next(s for s in moe.SPECS + gdn.SPECS if s["module"] == module)
+
+
+def down_programs_per_sm():
+    """The grid of `moe_down` is not in its spec: the launcher sizes it (src/ops/moe.rs, PROGRAMS_PER_SM)."""
+    with open(os.path.join(ROOT, "src", "ops", "moe.rs")) as f:
+        found = re.search(r"const PROGRAMS_PER_SM: usize = (\d+);", f.read())
+    if not found:
+        sys.exit("triton_sweep: PROGRAMS_PER_SM not found in src/ops/moe.rs (renamed? update down_programs_per_sm)")
+    return int(found.group(1))
 
 
 def routings(n_tokens, gen):
@@ -124,7 +138,7 @@ def main():
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}, {sm} SMs, triton {triton.__version__}", flush=True)
     bf = dict(dtype=torch.bfloat16, device="cuda")
-    x = (torch.randn(MT, H, **bf) * 0.5)
+    x = torch.randn(MT, H, **bf) * 0.5
     kernels = args.kernels.split(",")
 
     if "router" in kernels:
@@ -136,8 +150,8 @@ def main():
         configs = candidates(base, dict(BLOCK_K=[128, 256, 512], num_warps=[4, 8], num_stages=[3, 4, 6, 8]))
 
         def launch_router(cfg, i, n):
-            c = dict(cfg)
-            moe.moe_router_logits[(triton.cdiv(E + 1, c["BLOCK_E"]),)](x, router_w[i], shared_gate[i], logits, n, **c)
+            grid = (triton.cdiv(E + 1, cfg["BLOCK_E"]),)
+            moe.moe_router_logits[grid](x, router_w[i], shared_gate[i], logits, n, **cfg)
 
         for n in map(int, args.tokens.split(",")):
             run("router", n, configs, lambda cfg, i: launch_router(cfg, i, n), logits[:n], (E + 1) * H * 2)
@@ -173,7 +187,8 @@ def main():
             run("gate_up", n, configs, launch_gate_up, h[: n * K + n], (distinct + 1) * 2 * I * H * 2)
         if "down" in kernels:
             s = spec("moe_down")
-            base = dict(s["constexprs"], num_warps=s["num_warps"], num_stages=s["num_stages"], PER_SM=8)
+            base = dict(s["constexprs"], num_warps=s["num_warps"], num_stages=s["num_stages"],
+                        PER_SM=down_programs_per_sm())
             configs = candidates(base, dict(BLOCK_N=[16, 32], BLOCK_K=[128, 256, 512], num_warps=[4, 8],
                                             num_stages=[3, 4], PER_SM=[4, 8, 16]))
 
