@@ -16,6 +16,7 @@ use qwen_engine::memory;
 use qwen_engine::runner::{DeviceKind, Runner};
 use qwen_engine::scheduler::{Event, FinishReason, RequestId, RequestSpec};
 use qwen_engine::source::{open_model, ModelSource};
+use qwen_engine::tokenizer::TextStream;
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -302,7 +303,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
     let mut generated: Vec<Vec<u32>> = vec![Vec::new(); ids.len()];
     let mut finish: Vec<Option<FinishReason>> = vec![None; ids.len()];
-    let mut shown = String::new();
+    let mut shown = TextStream::default();
     let stream = !args.json;
     if stream {
         print!("{}", src.tokenizer.decode(&prompt));
@@ -313,13 +314,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             let i = ids.iter().position(|&x| x == id).unwrap_or(0);
             generated[i].push(token);
             if stream && i == 0 {
-                // Print what the new token adds to the decoded text (tokens may join into one character).
-                let text = src.tokenizer.decode(&generated[0]);
-                if text.starts_with(&shown) {
-                    print!("{}", &text[shown.len()..]);
-                    let _ = std::io::stdout().flush();
-                    shown = text;
-                }
+                // What the new token adds to the decoded text (tokens may join into one character).
+                print!("{}", shown.next(&src.tokenizer.decode(&generated[0])));
+                let _ = std::io::stdout().flush();
             }
         }
         Event::Finished { id, reason } => {
@@ -328,6 +325,10 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         }
     });
+    if stream {
+        // A character the last token left unfinished, as it decodes.
+        print!("{}", shown.finish(&src.tokenizer.decode(&generated[0])));
+    }
     let wall = match result {
         Ok(d) => d.as_secs_f64(),
         Err(e) => return fail(e),
