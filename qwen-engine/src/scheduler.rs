@@ -214,8 +214,7 @@ impl Scheduler {
             });
         }
         spec.sampling.validate().map_err(SubmitError::Sampling)?;
-        // The last generated token is never fed back, so the cache holds prompt + new - 1.
-        let positions = spec.prompt.len() + spec.max_new_tokens - 1;
+        let positions = positions(&spec).unwrap_or(usize::MAX);
         if positions > l.max_context {
             return Err(SubmitError::TooLong {
                 prompt: spec.prompt.len(),
@@ -229,7 +228,7 @@ impl Scheduler {
                 return Err(SubmitError::KvTooSmall {
                     needed,
                     total,
-                    needed_mib: (needed * l.block_bytes) as f64 / (1 << 20) as f64,
+                    needed_mib: needed as f64 * l.block_bytes as f64 / (1 << 20) as f64,
                 })
             }
             Err(Shortfall::NoStateSlots) => return Err(SubmitError::NoStateSlots),
@@ -248,7 +247,8 @@ impl Scheduler {
             let Some(slot) = self.slots.iter().position(Option::is_none) else {
                 return;
             };
-            let positions = spec.prompt.len() + spec.max_new_tokens - 1;
+            // `submit` checked that the positions fit the context.
+            let positions = positions(spec).unwrap_or(usize::MAX);
             let Ok(memory) = self.memory.reserve(positions) else {
                 return;
             };
@@ -380,6 +380,15 @@ impl Scheduler {
         ids.extend(self.waiting.drain(..).map(|(id, _)| id));
         ids
     }
+}
+
+/// The cache positions a request fills: the last generated token is never fed back, so prompt +
+/// new - 1 (`None` past `usize`, which no context holds).
+fn positions(spec: &RequestSpec) -> Option<usize> {
+    spec.prompt
+        .len()
+        .checked_add(spec.max_new_tokens)
+        .map(|n| n.saturating_sub(1))
 }
 
 impl Active {
@@ -600,6 +609,14 @@ mod tests {
         assert!(matches!(
             s.submit(spec(&long, 20)).unwrap_err(),
             SubmitError::TooLong { .. }
+        ));
+        // A count of new tokens past usize is too long too, not a wrapped small request.
+        assert!(matches!(
+            s.submit(spec(&[1, 2], usize::MAX)).unwrap_err(),
+            SubmitError::TooLong {
+                new: usize::MAX,
+                ..
+            }
         ));
         // 10 blocks of 16 = 160 positions, but the context allows 100: ask for 95 positions (6 blocks) twice.
         let p = vec![1; 80];

@@ -1,4 +1,4 @@
-//! `qwen-decode kernels --simulate`: the plans CI checks, and the usage errors. No GPU needed.
+//! `qwen-decode kernels --simulate`: the plans CI checks, and the usage errors; flags no request can hold. No GPU needed.
 
 use std::process::{Command, Output};
 
@@ -412,4 +412,35 @@ fn usage_errors_exit_2_with_the_expected_form() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("AOT_KERNELS_POLICY"));
+}
+
+#[test]
+fn bench_and_run_refuse_counts_no_request_can_hold_before_any_work() {
+    // The model path does not exist: the flags are refused before it is opened.
+    for (flag, value) in [
+        ("--concurrency", "1,0"),
+        ("--inputs", "16,0"),
+        ("--new-tokens", "0"),
+    ] {
+        let out = qwen_decode(&["bench", "--model", "/nonexistent-model", flag, value]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {value}: {stderr}");
+        assert!(
+            stderr.contains(flag) && !stderr.contains("nonexistent"),
+            "{flag} {value}: {stderr}"
+        );
+    }
+    // A count of new tokens past any context is too long, not a wrapped small request.
+    let out = qwen_decode(&[
+        "run",
+        "--model",
+        "tiny",
+        "--prompt-ids",
+        "1,2",
+        "--max-new-tokens",
+        &usize::MAX.to_string(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("exceeds the context"), "{stderr}");
 }

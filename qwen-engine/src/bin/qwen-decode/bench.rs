@@ -417,6 +417,21 @@ pub fn bench(args: BenchArgs) -> ExitCode {
 }
 
 fn bench_inner(args: &BenchArgs) -> Result<(), String> {
+    // Before the model loads: a cell that cannot run would otherwise end the matrix after the
+    // cells before it, and lose them.
+    for (flag, values) in [
+        ("--inputs", &args.inputs),
+        ("--concurrency", &args.concurrency),
+    ] {
+        if values.is_empty() || values.contains(&0) {
+            return Err(format!(
+                "{flag} {values:?}: give one or more positive numbers, comma-separated"
+            ));
+        }
+    }
+    if args.new_tokens == 0 {
+        return Err("--new-tokens 0: a cell times one or more decode steps; give 1 or more".into());
+    }
     if args.warmup == 0 {
         return Err("--warmup 0: a cell needs at least one warm-up step (it queues the first timed \
                     pass, so that the window holds exactly --new-tokens passes); give --warmup 1 or more"
