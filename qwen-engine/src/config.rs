@@ -25,6 +25,10 @@ pub enum ConfigError {
 }
 
 /// Reads a config file's text; the error names the file.
+/// The largest size, count or length a config.json may give (2^24): a million-token context and
+/// a vocabulary of 248k fit; a value past it is a typo or a hostile file.
+pub const MAX_CONFIG_SIZE: usize = 1 << 24;
+
 pub fn read_config_text(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
@@ -94,15 +98,18 @@ impl<'a> Fields<'a> {
     }
 
     /// A positive whole number that must be present.
+    /// A positive whole number, at most [`MAX_CONFIG_SIZE`] (no model size comes near it, and the
+    /// products of sizes stay far from overflow).
     pub fn usize(&self, key: &str) -> Result<usize, ConfigError> {
         match self.get(key) {
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n > 0)
-                .map(|n| n as usize)
-                .ok_or_else(|| {
-                    self.invalid(key, format!("expected a positive whole number, found {v}"))
-                }),
+            Some(v) => match v.as_u64().filter(|&n| n > 0) {
+                Some(n) if n > MAX_CONFIG_SIZE as u64 => Err(self.invalid(
+                    key,
+                    format!("{n} is larger than any model size this engine takes (at most {MAX_CONFIG_SIZE}); check the value"),
+                )),
+                Some(n) => Ok(n as usize),
+                None => Err(self.invalid(key, format!("expected a positive whole number, found {v}"))),
+            },
             None => Err(self.invalid(key, "missing")),
         }
     }
@@ -181,6 +188,11 @@ impl<'a> Fields<'a> {
                 )),
             }
         };
+        // Checked whichever way theta is given: a yarn block beside 5.x's `rope_parameters` is
+        // still a scaling this engine does not implement.
+        if let Some(scaling) = self.get("rope_scaling") {
+            check_type("rope_scaling", scaling)?;
+        }
         let params = self.get("rope_parameters");
         if let Some(params) = params {
             check_type("rope_parameters", params)?;
@@ -190,9 +202,6 @@ impl<'a> Fields<'a> {
                     params,
                 });
             }
-        }
-        if let Some(scaling) = self.get("rope_scaling") {
-            check_type("rope_scaling", scaling)?;
         }
         match self.get("rope_theta") {
             Some(v) => Ok(RopeFields {
@@ -255,5 +264,23 @@ mod tests {
             let obj = fields_of(v);
             assert_eq!(Fields::new(&obj, "c", "").eos_token_ids().ok(), want);
         }
+    }
+
+    #[test]
+    fn a_rope_scaling_is_refused_beside_either_form_of_theta() {
+        let yarn = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+        for v in [
+            serde_json::json!({"rope_theta": 1e6, "rope_scaling": yarn}),
+            serde_json::json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": yarn}),
+        ] {
+            let obj = fields_of(v);
+            let err = Fields::new(&obj, "c", "").rope().unwrap_err().to_string();
+            assert!(
+                err.contains("`rope_scaling`") && err.contains("yarn"),
+                "{err}"
+            );
+        }
+        let obj = fields_of(serde_json::json!({"rope_theta": 1e6, "rope_scaling": null}));
+        assert_eq!(Fields::new(&obj, "c", "").rope().unwrap().theta, 1e6);
     }
 }

@@ -25,6 +25,43 @@ pub enum ModelConfig {
     Qwen35Moe(Qwen35MoeConfig),
 }
 
+/// Most decoder layers a config may give.
+pub const MAX_LAYERS: usize = 1024;
+/// Most routed experts a config may give.
+pub const MAX_EXPERTS: usize = 1024;
+/// Most parameters a model may have (2^40, a trillion): every size in bytes derived from the
+/// shapes (weights, KV cache per token, recurrent state) then fits `usize` with room to spare.
+pub const MAX_PARAMETERS: u128 = 1 << 40;
+
+/// Checks a family's tensor table against [`MAX_PARAMETERS`] (in u128, so that no product can
+/// overflow); call it with the layer and expert counts already within their bounds.
+fn check_parameters(table: &[TensorSpec]) -> Result<(), (&'static str, String)> {
+    let total: u128 = table
+        .iter()
+        .map(|t| t.shape.iter().map(|&d| d as u128).product::<u128>())
+        .sum();
+    if total > MAX_PARAMETERS {
+        return Err((
+            "hidden_size",
+            format!(
+                "the sizes add up to {total} parameters, more than the {MAX_PARAMETERS} this engine holds; check hidden_size, the intermediate sizes, the head counts and dims, num_experts and num_hidden_layers"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// [`MAX_LAYERS`] for `num_hidden_layers`.
+fn check_layers(layers: usize) -> Result<(), (&'static str, String)> {
+    if layers > MAX_LAYERS {
+        return Err((
+            "num_hidden_layers",
+            format!("{layers} layers; at most {MAX_LAYERS} are supported"),
+        ));
+    }
+    Ok(())
+}
+
 /// The `model_type`s this engine serves, for messages.
 const SERVED: &str =
     "`qwen3` (e.g. Qwen/Qwen3-4B), `qwen3_5_moe` and `qwen3_5_moe_text` (Qwen3.5/3.6-35B-A3B)";
@@ -39,6 +76,16 @@ impl ModelConfig {
     pub fn from_json(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let root = parse_root(text, origin)?;
         let f = Fields::new(&root, origin, "");
+        if let Some(q) = f.get("quantization_config") {
+            let method = q
+                .get("quant_method")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("unnamed");
+            return Err(f.invalid(
+                "quantization_config",
+                format!("the weights are `{method}`-quantized; this engine reads bf16, f16 or f32 weights: use the model's unquantized release"),
+            ));
+        }
         match f.str("model_type") {
             Some("qwen3") => Ok(ModelConfig::Qwen3(Qwen3Config::from_fields(&f)?)),
             Some("qwen3_5_moe_text") => Ok(ModelConfig::Qwen35Moe(Qwen35MoeConfig::from_fields(
@@ -243,6 +290,89 @@ mod tests {
             err.contains("llama") && err.contains("qwen3_5_moe"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn sizes_past_any_model_are_refused_by_name_before_anything_is_built() {
+        let err = |patch: serde_json::Value| {
+            let mut text = hybrid_text_config();
+            for (k, v) in patch.as_object().unwrap() {
+                text[k] = v.clone();
+            }
+            ModelConfig::from_json(&text.to_string(), "m/config.json")
+                .unwrap_err()
+                .to_string()
+        };
+        // A layer count that would make the layer list itself exhaust memory.
+        let e = err(serde_json::json!({"num_hidden_layers": 1_000_000_000_000_000u64}));
+        assert!(
+            e.contains("`num_hidden_layers`") && e.contains("at most 16777216"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"num_hidden_layers": 5000, "layer_types": null}));
+        assert!(
+            e.contains("`num_hidden_layers`") && e.contains("at most 1024"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"num_experts": 4096}));
+        assert!(
+            e.contains("`num_experts`") && e.contains("at most 1024"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"quantization_config": {"quant_method": "fp8"}}));
+        assert!(
+            e.contains("`quantization_config`") && e.contains("`fp8`") && e.contains("unquantized"),
+            "{e}"
+        );
+        // Each size within bounds, their products past 2^40 parameters (the experts alone 2^52).
+        let e = err(serde_json::json!({"hidden_size": 1 << 20, "moe_intermediate_size": 1 << 20}));
+        assert!(e.contains("parameters") && e.contains("num_experts"), "{e}");
+
+        let dense = serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 512, "hidden_size": 1 << 24,
+            "intermediate_size": 1 << 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 2048,
+            "rope_theta": 1e6
+        });
+        let e = ModelConfig::from_json(&dense.to_string(), "d/config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`hidden_size`") && e.contains("parameters"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dense_features_the_kernels_lack_are_refused_by_key() {
+        let base = serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 512, "hidden_size": 256,
+            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 2048,
+            "rope_theta": 1e6, "hidden_act": "silu", "use_sliding_window": false,
+            "layer_types": ["full_attention", "full_attention"]
+        });
+        assert!(ModelConfig::from_json(&base.to_string(), "d").is_ok());
+        for (key, value, says) in [
+            (
+                "use_sliding_window",
+                serde_json::json!(true),
+                "sliding-window",
+            ),
+            ("hidden_act", serde_json::json!("gelu"), "`gelu`"),
+            (
+                "layer_types",
+                serde_json::json!(["full_attention", "sliding_attention"]),
+                "layer 1 is \"sliding_attention\"",
+            ),
+        ] {
+            let mut v = base.clone();
+            v[key] = value;
+            let e = ModelConfig::from_json(&v.to_string(), "d")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("`{key}`")) && e.contains(says), "{e}");
+        }
     }
 
     #[test]

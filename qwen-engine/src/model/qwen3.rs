@@ -120,6 +120,28 @@ impl Qwen3Config {
             "attention_bias",
             "projections with biases are not supported (Qwen3 has none)",
         )?;
+        f.refuse_true(
+            "use_sliding_window",
+            "sliding-window attention is not supported; every layer attends to the whole context",
+        )?;
+        if let Some(act) = f.str("hidden_act").filter(|a| *a != "silu") {
+            return Err(f.invalid(
+                "hidden_act",
+                format!("`{act}` is not supported; the MLP kernels compute silu"),
+            ));
+        }
+        if let Some(serde_json::Value::Array(types)) = f.get("layer_types") {
+            if let Some((i, t)) = types
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.as_str() != Some("full_attention"))
+            {
+                return Err(f.invalid(
+                    "layer_types",
+                    format!("layer {i} is {t}; only full_attention layers are supported"),
+                ));
+            }
+        }
         let config = Qwen3Config {
             vocab_size: f.usize("vocab_size")?,
             hidden_size,
@@ -184,7 +206,8 @@ impl Qwen3Config {
                 format!("{} does not fit a 32-bit token id", self.vocab_size),
             ));
         }
-        Ok(())
+        super::check_layers(self.num_hidden_layers)?;
+        super::check_parameters(&tensor_table(self))
     }
 }
 

@@ -301,7 +301,18 @@ impl Qwen35MoeConfig {
                 format!("{} does not fit a 32-bit token id", self.vocab_size),
             );
         }
-        Ok(())
+        super::check_layers(self.num_hidden_layers)?;
+        if self.num_experts > super::MAX_EXPERTS {
+            return fail(
+                "num_experts",
+                format!(
+                    "{} experts; at most {} are supported",
+                    self.num_experts,
+                    super::MAX_EXPERTS
+                ),
+            );
+        }
+        super::check_parameters(&tensor_table(self))
     }
 }
 

@@ -506,6 +506,20 @@ pub fn check_and_collect(
         }
     }
 
+    // Every stored shape against the table before anything is allocated: the table's sizes come
+    // from config.json, which may not describe these files.
+    for spec in &table {
+        match source(spec).expect("checked above") {
+            Source::Whole((fi, ei)) => {
+                check_shape(&files[fi], ei, &spec.name, &spec.shape, &summary)?
+            }
+            Source::Parts(parts) => {
+                for ((fi, ei), name) in parts {
+                    check_shape(&files[fi], ei, name, &spec.part_shape, &summary)?;
+                }
+            }
+        }
+    }
     let total_bytes: usize = table.iter().map(|s| s.elements() * 2).sum();
     let bar = progress_bar(total_bytes);
     let mut tensors = Vec::with_capacity(table.len());
@@ -538,6 +552,27 @@ pub fn check_and_collect(
     Ok(LoadedWeights { tensors })
 }
 
+/// Entry `ei` of `file` has the shape the table expects (`name` and `shape`).
+fn check_shape(
+    file: &SafetensorsFile,
+    ei: usize,
+    name: &str,
+    shape: &[usize],
+    summary: &str,
+) -> Result<(), WeightsError> {
+    let entry = &file.entries[ei];
+    if entry.shape != shape {
+        return Err(WeightsError::Shape {
+            name: name.to_string(),
+            path: file.path.display().to_string(),
+            found: entry.shape.clone(),
+            expected: shape.to_vec(),
+            summary: summary.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Entry `ei` of `file`, checked against the shape the table expects (`name` and `shape`), as
 /// bf16: mapped when stored as BF16, converted from F16 or F32.
 fn read_tensor(
@@ -547,17 +582,9 @@ fn read_tensor(
     shape: &[usize],
     summary: &str,
 ) -> Result<TensorData, WeightsError> {
+    check_shape(file, ei, name, shape, summary)?;
     let entry = &file.entries[ei];
     let path = || file.path.display().to_string();
-    if entry.shape != shape {
-        return Err(WeightsError::Shape {
-            name: name.to_string(),
-            path: path(),
-            found: entry.shape.clone(),
-            expected: shape.to_vec(),
-            summary: summary.to_string(),
-        });
-    }
     let bytes = &file.map[entry.start..entry.start + entry.len_bytes];
     Ok(match entry.dtype.as_str() {
         "BF16" => TensorData::Mapped {
