@@ -7,6 +7,9 @@
 //! through the block tables the scheduler owns, and the recurrent state of a hybrid model in
 //! numbered state slots the scheduler hands out.
 
+use std::collections::HashSet;
+
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::sampling::SamplingParams;
 use serde::Serialize;
 
@@ -94,6 +97,130 @@ pub enum RunnerError {
     Device(String),
     #[error("step plan: {0}")]
     Plan(String),
+}
+
+/// What a runner holds, for [`check_plan`].
+#[derive(Debug, Clone, Copy)]
+pub struct PlanLimits {
+    /// Request slots (and recurrent-state slots, one a request slot).
+    pub slots: usize,
+    /// KV blocks in the cache.
+    pub kv_blocks: usize,
+    pub vocab: usize,
+    /// The most positions a sequence may reach.
+    pub max_context: usize,
+    /// The model has recurrent layers: every sequence names its own state slot.
+    pub recurrent: bool,
+}
+
+/// Checks a plan against what a runner holds before anything runs, so that a bad plan changes
+/// nothing on the device: each slot and state slot exists and appears once, a step feeds tokens
+/// (one for a generated token) inside the vocabulary and the context, the block table covers its
+/// positions with distinct blocks of the cache, no two sequences write one KV row, and the
+/// sampling parameters are valid. The message names the sequence by its slot.
+pub fn check_plan(plan: &StepPlan<'_>, l: &PlanLimits) -> Result<(), RunnerError> {
+    let err = |m: String| Err(RunnerError::Plan(m));
+    if plan.seqs.len() > l.slots {
+        return err(format!(
+            "{} sequences in one step, but this runner has {} slots",
+            plan.seqs.len(),
+            l.slots
+        ));
+    }
+    let mut slots = HashSet::new();
+    let mut states = HashSet::new();
+    let mut written = HashSet::new();
+    for s in &plan.seqs {
+        let slot = s.slot;
+        if slot >= l.slots {
+            return err(format!(
+                "slot {slot} does not exist (this runner has slots 0..{})",
+                l.slots
+            ));
+        }
+        if !slots.insert(slot) {
+            return err(format!("slot {slot} appears twice in one step"));
+        }
+        if s.tokens.is_empty() {
+            return err(format!("slot {slot}: a step must feed at least one token"));
+        }
+        if !s.prefill && s.tokens.len() != 1 {
+            return err(format!(
+                "slot {slot}: a generated-token step feeds one token, this one {}",
+                s.tokens.len()
+            ));
+        }
+        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= l.vocab) {
+            return err(format!(
+                "slot {slot}: token {t} is outside the vocabulary (0..{})",
+                l.vocab
+            ));
+        }
+        if s.end_pos() > l.max_context {
+            return err(format!(
+                "slot {slot}: positions up to {} exceed the context of {} this runner serves",
+                s.end_pos(),
+                l.max_context
+            ));
+        }
+        if l.recurrent {
+            match s.state_slot {
+                Some(state) if (state as usize) < l.slots => {
+                    if !states.insert(state) {
+                        return err(format!(
+                            "slot {slot}: recurrent-state slot {state} is used twice in one step"
+                        ));
+                    }
+                }
+                Some(state) => {
+                    return err(format!(
+                        "slot {slot}: recurrent-state slot {state} does not exist (this runner has 0..{})",
+                        l.slots
+                    ))
+                }
+                None => {
+                    return err(format!(
+                        "slot {slot}: the model has recurrent layers and the step names no recurrent-state slot"
+                    ))
+                }
+            }
+        }
+        let needed = s.end_pos().div_ceil(KV_BLOCK_TOKENS);
+        if s.blocks.len() < needed {
+            return err(format!(
+                "slot {slot}: {} positions need {needed} KV blocks, the block table has {}",
+                s.end_pos(),
+                s.blocks.len()
+            ));
+        }
+        let used = &s.blocks[..needed];
+        if let Some(&b) = used.iter().find(|&&b| b as usize >= l.kv_blocks) {
+            return err(format!(
+                "slot {slot}: KV block {b} does not exist (the cache has {} blocks)",
+                l.kv_blocks
+            ));
+        }
+        if used.iter().collect::<HashSet<_>>().len() != used.len() {
+            return err(format!(
+                "slot {slot}: the block table {used:?} names a block twice"
+            ));
+        }
+        for pos in s.start_pos..s.end_pos() {
+            let cell = (s.blocks[pos / KV_BLOCK_TOKENS], pos % KV_BLOCK_TOKENS);
+            if !written.insert(cell) {
+                return err(format!(
+                    "slot {slot}: position {pos} writes KV block {} row {}, which another sequence of this step writes too",
+                    cell.0, cell.1
+                ));
+            }
+        }
+        if let Some(req) = &s.sample {
+            req.params
+                .validate()
+                .map_err(|m| RunnerError::Plan(format!("slot {slot}: {m}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// A model on a device, with its KV cache.

@@ -149,6 +149,13 @@ fn plan_errors_name_the_slot_and_the_problem() {
         ),
         (vec![step(1, &[], 0, &[0])], "at least one token"),
         (
+            vec![SeqStep {
+                prefill: false,
+                ..step(1, &[1, 2], 0, &[0])
+            }],
+            "a generated-token step feeds one token, this one 2",
+        ),
+        (
             vec![step(1, &[1000], 0, &[0])],
             "token 1000 is outside the vocabulary",
         ),
@@ -164,7 +171,7 @@ fn plan_errors_name_the_slot_and_the_problem() {
         ),
         (
             vec![step(1, &[1], 2048, &[0])],
-            "exceed the model's context",
+            "exceed the context of 2048",
         ),
         (
             (0..5).map(|s| step(s, &[1], 0, &[0])).collect(),

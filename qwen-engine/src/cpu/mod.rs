@@ -12,7 +12,6 @@ pub mod qwen3_5_moe;
 pub mod state;
 pub mod weights;
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use aot_kernels::ops::sampling::sample_reference;
@@ -21,7 +20,9 @@ use serde_json::json;
 use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 
 use crate::model::{ModelConfig, ModelDesc};
-use crate::runner::{DeviceKind, Runner, RunnerError, StepOutput, StepPlan};
+use crate::runner::{
+    check_plan, DeviceKind, PlanLimits, Runner, RunnerError, StepOutput, StepPlan,
+};
 use crate::weights::Weights;
 use kv::PagedKvCache;
 use qwen3::DenseModel;
@@ -138,109 +139,18 @@ impl CpuRunner {
         &self.config
     }
 
-    /// Checks a plan against the runner's slots, cache and vocabulary; the message names the
-    /// sequence (by slot) and what is wrong.
+    /// Checks a plan against the runner's slots, cache and vocabulary ([`check_plan`]).
     fn validate(&self, plan: &StepPlan<'_>) -> Result<(), RunnerError> {
-        let err = |m: String| Err(RunnerError::Plan(m));
-        let c = &self.desc;
-        if plan.seqs.len() > self.options.max_slots {
-            return err(format!(
-                "{} sequences in one step, but this runner has {} slots",
-                plan.seqs.len(),
-                self.options.max_slots
-            ));
-        }
-        let mut slots = HashSet::new();
-        let mut states = HashSet::new();
-        let mut written = HashSet::new();
-        for s in &plan.seqs {
-            let slot = s.slot;
-            if slot >= self.options.max_slots {
-                return err(format!(
-                    "slot {slot} does not exist (this runner has slots 0..{})",
-                    self.options.max_slots
-                ));
-            }
-            if !slots.insert(slot) {
-                return err(format!("slot {slot} appears twice in one step"));
-            }
-            if s.tokens.is_empty() {
-                return err(format!("slot {slot}: a step must feed at least one token"));
-            }
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return err(format!(
-                    "slot {slot}: token {t} is outside the vocabulary (0..{})",
-                    c.vocab_size
-                ));
-            }
-            if s.end_pos() > c.max_context {
-                return err(format!(
-                    "slot {slot}: positions up to {} exceed the model's context of {} (max_position_embeddings)",
-                    s.end_pos(),
-                    c.max_context
-                ));
-            }
-            if c.has_recurrent_state() {
-                match s.state_slot {
-                    Some(state) if (state as usize) < self.options.max_slots => {
-                        if !states.insert(state) {
-                            return err(format!(
-                                "slot {slot}: recurrent-state slot {state} is used twice in one step"
-                            ));
-                        }
-                    }
-                    Some(state) => {
-                        return err(format!(
-                            "slot {slot}: recurrent-state slot {state} does not exist (this runner has 0..{})",
-                            self.options.max_slots
-                        ))
-                    }
-                    None => {
-                        return err(format!(
-                            "slot {slot}: the model has recurrent layers and the step names no recurrent-state slot"
-                        ))
-                    }
-                }
-            }
-            let needed = s.end_pos().div_ceil(KV_BLOCK_TOKENS);
-            if s.blocks.len() < needed {
-                return err(format!(
-                    "slot {slot}: {} positions need {needed} KV blocks, the block table has {}",
-                    s.end_pos(),
-                    s.blocks.len()
-                ));
-            }
-            let used = &s.blocks[..needed];
-            if let Some(&b) = used
-                .iter()
-                .find(|&&b| b as usize >= self.cache.num_blocks())
-            {
-                return err(format!(
-                    "slot {slot}: KV block {b} does not exist (the cache has {} blocks)",
-                    self.cache.num_blocks()
-                ));
-            }
-            if used.iter().collect::<HashSet<_>>().len() != used.len() {
-                return err(format!(
-                    "slot {slot}: the block table {used:?} names a block twice"
-                ));
-            }
-            for pos in s.start_pos..s.end_pos() {
-                let cell = (s.blocks[pos / KV_BLOCK_TOKENS], pos % KV_BLOCK_TOKENS);
-                if !written.insert(cell) {
-                    return err(format!(
-                        "slot {slot}: position {pos} writes KV block {} row {}, which another sequence of this step writes too",
-                        cell.0, cell.1
-                    ));
-                }
-            }
-            if let Some(req) = &s.sample {
-                req.params
-                    .validate()
-                    .map_err(|m| RunnerError::Plan(format!("slot {slot}: {m}")))?;
-            }
-        }
-        Ok(())
+        check_plan(
+            plan,
+            &PlanLimits {
+                slots: self.options.max_slots,
+                kv_blocks: self.cache.num_blocks(),
+                vocab: self.desc.vocab_size,
+                max_context: self.desc.max_context,
+                recurrent: self.desc.has_recurrent_state(),
+            },
+        )
     }
 }
 

@@ -37,7 +37,9 @@ use super::hybrid_weights::{self, partial_rope_table, HybridWeights};
 use super::{dev_err, inputs, GpuOptions, GpuStats, PassOutput, Row};
 use crate::memory;
 use crate::model::{ModelConfig, Qwen35MoeConfig};
-use crate::runner::{DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan};
+use crate::runner::{
+    check_plan, DeviceKind, PlanLimits, Runner, RunnerError, SampleRequest, StepOutput, StepPlan,
+};
 use crate::weights::Weights;
 
 /// Rows of one prefill pass. The MoE kernels take 16 rows a call, so a pass runs them in groups.
@@ -542,27 +544,18 @@ impl Runner for HybridGpuRunner {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
+        check_plan(
+            plan,
+            &PlanLimits {
+                slots: self.slots,
+                kv_blocks: self.kv_blocks,
+                vocab: self.cfg.vocab_size,
+                max_context: self.max_pos,
+                recurrent: true,
+            },
+        )?;
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;
-            super::check_seq_step(seq)?;
-            if seq.end_pos() > self.max_pos {
-                return Err(RunnerError::Plan(format!(
-                    "slot {}: positions up to {} are past the context of {}",
-                    seq.slot,
-                    seq.end_pos(),
-                    self.max_pos
-                )));
-            }
-            match seq.state_slot {
-                Some(st) if (st as usize) < self.slots => {}
-                other => {
-                    return Err(RunnerError::Plan(format!(
-                        "slot {}: state slot {other:?}; the runner holds {} state slots and the hybrid \
-                         model needs one per sequence",
-                        seq.slot, self.slots
-                    )))
-                }
-            }
         }
         let mut out = StepOutput {
             tokens: vec![None; plan.seqs.len()],

@@ -47,7 +47,9 @@ use self::persistent::StepChoice;
 use self::weights::DeviceWeights;
 use crate::memory;
 use crate::model::{ModelConfig, Qwen3Config};
-use crate::runner::{DeviceKind, Runner, RunnerError, SampleRequest, StepOutput, StepPlan};
+use crate::runner::{
+    check_plan, DeviceKind, PlanLimits, Runner, RunnerError, SampleRequest, StepOutput, StepPlan,
+};
 use crate::weights::Weights;
 
 /// How to set up the GPU runner.
@@ -318,26 +320,6 @@ pub(crate) fn set_block_row(
             .memcpy_htod(&row, &mut view)
             .map_err(dev_err("block table"))?;
         host[at..at + ld_bt].copy_from_slice(&row);
-    }
-    Ok(())
-}
-
-/// A sequence's part of a plan has tokens, and blocks for every position it reaches.
-pub(crate) fn check_seq_step(seq: &crate::runner::SeqStep<'_>) -> Result<(), RunnerError> {
-    if seq.tokens.is_empty() {
-        return Err(RunnerError::Plan(format!(
-            "slot {}: a step with no tokens",
-            seq.slot
-        )));
-    }
-    if memory::blocks_for(seq.end_pos()) > seq.blocks.len() {
-        return Err(RunnerError::Plan(format!(
-            "slot {}: positions up to {} need {} blocks, the request holds {}",
-            seq.slot,
-            seq.end_pos(),
-            memory::blocks_for(seq.end_pos()),
-            seq.blocks.len()
-        )));
     }
     Ok(())
 }
@@ -718,9 +700,18 @@ impl Runner for GpuRunner {
     }
 
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
+        check_plan(
+            plan,
+            &PlanLimits {
+                slots: self.slots,
+                kv_blocks: self.kv_blocks,
+                vocab: self.cfg.vocab_size,
+                max_context: self.max_pos,
+                recurrent: false,
+            },
+        )?;
         for seq in &plan.seqs {
             self.set_blocks(seq.slot, seq.blocks)?;
-            check_seq_step(seq)?;
         }
         let mut out = StepOutput {
             tokens: vec![None; plan.seqs.len()],
