@@ -7,8 +7,10 @@ use serde::Serialize;
 
 use crate::memory::block_bytes;
 use crate::model::ModelDesc;
-use crate::runner::{Runner, RunnerError};
-use crate::scheduler::{Event, RequestId, RequestSpec, Scheduler, SchedulerLimits, SubmitError};
+use crate::runner::{Runner, RunnerError, StepOutput};
+use crate::scheduler::{
+    Event, RequestId, RequestSpec, Scheduled, Scheduler, SchedulerLimits, SubmitError,
+};
 
 /// Engine settings beyond what the runner fixes.
 #[derive(Debug, Clone, Copy)]
@@ -30,8 +32,40 @@ impl EngineOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("the device failed during a step ({aborted} request(s) aborted): {source}")]
-    Runner { source: RunnerError, aborted: usize },
+    #[error("the device failed during a step ({} request(s) aborted): {source}", aborted.len())]
+    Runner {
+        source: RunnerError,
+        /// Every request that was running or waiting: none of them goes on.
+        aborted: Vec<RequestId>,
+    },
+}
+
+/// A runner's output has a token exactly where the plan asked for a sample (`Runner` is a public
+/// trait: a short or misplaced output would leave a prompt's progress, or a request's tokens,
+/// wrong).
+fn output_fits(scheduled: &[Scheduled], out: StepOutput) -> Result<StepOutput, RunnerError> {
+    if out.tokens.len() != scheduled.len() {
+        return Err(RunnerError::Device(format!(
+            "the runner returned {} results for a step of {} sequences",
+            out.tokens.len(),
+            scheduled.len()
+        )));
+    }
+    if let Some((s, t)) = scheduled
+        .iter()
+        .zip(&out.tokens)
+        .find(|(s, t)| s.sample.is_some() != t.is_some())
+    {
+        let what = match t {
+            Some(_) => "a token where the plan asked for no sample",
+            None => "no token where the plan asked for a sample",
+        };
+        return Err(RunnerError::Device(format!(
+            "slot {}: the runner returned {what}",
+            s.slot
+        )));
+    }
+    Ok(out)
 }
 
 /// Time spent by kind of step, for reports.
@@ -120,10 +154,10 @@ impl Engine {
             let plan = self.scheduler.plan(&scheduled, self.keep_logits);
             self.runner.step(&plan)
         };
-        let out = match out {
+        let out = match out.and_then(|out| output_fits(&scheduled, out)) {
             Ok(out) => out,
             Err(source) => {
-                let aborted = self.scheduler.abort_all().len();
+                let aborted = self.scheduler.abort_all();
                 return Err(EngineError::Runner { source, aborted });
             }
         };
@@ -159,5 +193,76 @@ impl Engine {
             }
         }
         Ok(started.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelConfig, Qwen3Config};
+    use crate::runner::{DeviceKind, StepPlan};
+    use aot_kernels::ops::sampling::SamplingParams;
+
+    /// A runner that answers every plan with `answer(sequences)` tokens, all of them `Some(1)`.
+    struct Miscounting {
+        answer: fn(usize) -> usize,
+    }
+
+    impl Runner for Miscounting {
+        fn device(&self) -> DeviceKind {
+            DeviceKind::Cpu
+        }
+        fn kv_blocks(&self) -> usize {
+            64
+        }
+        fn max_slots(&self) -> usize {
+            4
+        }
+        fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError> {
+            let n = (self.answer)(plan.seqs.len());
+            Ok(StepOutput {
+                tokens: vec![Some(1); n],
+                logits: vec![Vec::new(); n],
+            })
+        }
+        fn report(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+    }
+
+    #[test]
+    fn a_runner_output_that_does_not_fit_the_plan_aborts_with_the_ids_not_a_wrong_commit() {
+        let model = ModelConfig::Qwen3(Qwen3Config::tiny()).describe();
+        for (answer, says) in [
+            (
+                (|n| n - 1) as fn(usize) -> usize,
+                "returned 1 results for a step of 2",
+            ),
+            (|n| n, "returned a token where the plan asked for no sample"),
+        ] {
+            let runner = Miscounting { answer };
+            let mut options = EngineOptions::for_model(&model);
+            options.prefill_chunk = 4;
+            let mut engine = Engine::new(Box::new(runner), &model, options);
+            let ids: Vec<RequestId> = (0..2)
+                .map(|_| {
+                    engine
+                        .submit(RequestSpec {
+                            prompt: vec![1; 9],
+                            max_new_tokens: 3,
+                            sampling: SamplingParams::GREEDY,
+                            seed: 0,
+                            stop_at_eos: false,
+                        })
+                        .unwrap()
+                })
+                .collect();
+            let Err(EngineError::Runner { source, aborted }) = engine.step() else {
+                panic!("a miscounted output must fail the step");
+            };
+            assert!(source.to_string().contains(says), "{source}");
+            assert_eq!(aborted, ids);
+            assert!(engine.is_idle());
+        }
     }
 }

@@ -32,6 +32,33 @@ pub fn gpu_kv_budget(free_bytes: usize) -> usize {
     free_bytes.saturating_sub(HEADROOM) / 10 * 9
 }
 
+/// The KV blocks a GPU runner allocates: what `budget` holds (by default [`gpu_kv_budget`] of
+/// `free`), at most `cap` (every slot at full context). Errors name `--kv-budget`: when the blocks
+/// number none, or when the cache would not fit the `free` bytes (a budget past the GPU's memory,
+/// which the allocation would otherwise report as a bare out-of-memory).
+pub fn gpu_kv_blocks(
+    model: &ModelDesc,
+    budget: Option<usize>,
+    free: usize,
+    cap: usize,
+) -> Result<usize, String> {
+    let budget = budget.unwrap_or_else(|| gpu_kv_budget(free));
+    let blocks = blocks_in_budget(model, budget).min(cap);
+    let block = block_bytes(model);
+    if blocks == 0 {
+        return Err(format!(
+            "the KV budget of {budget} bytes holds no {KV_BLOCK_TOKENS}-token block ({block} bytes); raise --kv-budget"
+        ));
+    }
+    let bytes = blocks.saturating_mul(block);
+    if bytes > free {
+        return Err(format!(
+            "a KV cache of {blocks} blocks ({bytes} bytes, from --kv-budget {budget}) does not fit the {free} bytes free on the GPU; lower --kv-budget"
+        ));
+    }
+    Ok(blocks)
+}
+
 /// Free list of ids `0..total` (KV blocks, or recurrent-state slots).
 #[derive(Debug, Clone)]
 pub struct IdPool {
@@ -189,6 +216,28 @@ mod tests {
         assert_eq!(blocks_for(17), 2);
         assert_eq!(blocks_in_budget(&d, 1 << 30), (1 << 30) / (147_456 * 16));
         assert_eq!(gpu_kv_budget(100), 0);
+    }
+
+    #[test]
+    fn the_gpu_cache_is_what_the_budget_holds_capped_and_errors_name_the_flag() {
+        let d = ModelConfig::Qwen3(Qwen3Config::qwen3_4b()).describe();
+        let block = block_bytes(&d);
+        let free = 10 << 30;
+        assert_eq!(gpu_kv_blocks(&d, Some(block * 7 + 1), free, 100), Ok(7));
+        assert_eq!(gpu_kv_blocks(&d, Some(block * 7), free, 5), Ok(5));
+        assert_eq!(
+            gpu_kv_blocks(&d, None, free, usize::MAX),
+            Ok(gpu_kv_budget(free) / block)
+        );
+        let none = gpu_kv_blocks(&d, Some(block - 1), free, 100).unwrap_err();
+        assert!(none.contains("raise --kv-budget"), "{none}");
+        let past = gpu_kv_blocks(&d, Some(2 * free), free, usize::MAX).unwrap_err();
+        assert!(
+            past.contains("lower --kv-budget") && past.contains(&free.to_string()),
+            "{past}"
+        );
+        // A budget past free memory is fine where the cap keeps the cache inside it.
+        assert_eq!(gpu_kv_blocks(&d, Some(2 * free), free, 3), Ok(3));
     }
 
     #[test]

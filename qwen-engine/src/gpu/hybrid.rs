@@ -291,16 +291,8 @@ impl HybridGpuRunner {
             .map_err(dev_err("reading free memory"))?;
         // What the expert log will take is not free for the cache.
         let free = free.saturating_sub(EXPERT_LOG * 4);
-        let budget = options
-            .kv_budget
-            .unwrap_or_else(|| memory::gpu_kv_budget(free));
-        let kv_blocks = memory::blocks_in_budget(&model, budget).min(slots * ld_bt);
-        if kv_blocks == 0 {
-            return Err(RunnerError::Device(format!(
-                "the KV budget of {budget} bytes holds no {KV_BLOCK_TOKENS}-token block ({} bytes); raise --kv-budget",
-                memory::block_bytes(&model)
-            )));
-        }
+        let kv_blocks = memory::gpu_kv_blocks(&model, options.kv_budget, free, slots * ld_bt)
+            .map_err(RunnerError::Device)?;
         let per_layer = kv_blocks * kv * KV_BLOCK_TOKENS * d;
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();

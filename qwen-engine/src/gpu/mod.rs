@@ -419,17 +419,8 @@ impl GpuRunner {
             .context()
             .mem_get_info()
             .map_err(dev_err("reading free memory"))?;
-        let budget = options
-            .kv_budget
-            .unwrap_or_else(|| memory::gpu_kv_budget(free));
-        let kv_blocks = memory::blocks_in_budget(&model, budget).min(slots * ld_bt);
-        if kv_blocks == 0 {
-            return Err(RunnerError::Device(format!(
-                "the KV budget of {budget} bytes holds no {}-token block ({} bytes); raise --kv-budget",
-                KV_BLOCK_TOKENS,
-                memory::block_bytes(&model)
-            )));
-        }
+        let kv_blocks = memory::gpu_kv_blocks(&model, options.kv_budget, free, slots * ld_bt)
+            .map_err(RunnerError::Device)?;
         let per_layer = kv_blocks * cfg.num_key_value_heads * KV_BLOCK_TOKENS * hd;
         let mut k_cache = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v_cache = Vec::with_capacity(cfg.num_hidden_layers);
