@@ -98,7 +98,9 @@ impl Engine {
                 .min(runner.max_context()),
             vocab: model.vocab_size,
             prefill_chunk: options.prefill_chunk.max(1),
-            block_bytes: block_bytes(model),
+            block_bytes: runner
+                .kv_block_bytes()
+                .unwrap_or_else(|| block_bytes(model)),
         };
         Engine {
             runner,

@@ -239,6 +239,12 @@ pub trait Runner {
     fn max_context(&self) -> usize {
         usize::MAX
     }
+    /// Bytes of one KV block in this runner's cache, where it is not the bf16 block of
+    /// `memory::block_bytes` (the CPU runner's cache is fp32); for messages that say how much
+    /// budget a request needs.
+    fn kv_block_bytes(&self) -> Option<usize> {
+        None
+    }
     /// Runs one step: appends every sequence's tokens to its cache and samples where asked.
     fn step(&mut self, plan: &StepPlan<'_>) -> Result<StepOutput, RunnerError>;
     /// A JSON description for reports: device, dispatch report, graph use, timings.

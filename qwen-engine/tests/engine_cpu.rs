@@ -181,6 +181,15 @@ fn a_kv_cache_too_small_for_one_request_says_how_to_fix_it() {
         "{err}"
     );
     assert!(err.to_string().contains("--kv-budget"), "{err}");
+    // The size it names is the CPU cache's: fp32 keys and values of the tiny model's 4 layers, 2
+    // KV heads of 64 dims, 16 positions a block.
+    let SubmitError::KvTooSmall { needed_mib, .. } = err else {
+        unreachable!()
+    };
+    assert_eq!(
+        needed_mib,
+        (4 * 4 * 2 * 2 * 64 * 16 * 4) as f64 / (1 << 20) as f64
+    );
     // A request that fits is still served.
     let id = e
         .submit(spec(&A[..4], 8, SamplingParams::GREEDY, 0))

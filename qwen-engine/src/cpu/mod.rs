@@ -163,6 +163,11 @@ impl Runner for CpuRunner {
         self.options.kv_blocks
     }
 
+    fn kv_block_bytes(&self) -> Option<usize> {
+        // fp32 keys and values: twice the bf16 block.
+        Some(2 * crate::memory::block_bytes(&self.desc))
+    }
+
     fn max_slots(&self) -> usize {
         self.options.max_slots
     }

@@ -134,6 +134,9 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
     Ok((value * scale) as usize)
 }
 
+/// The CPU runner's context without `--max-context` (its fp32 cache is sized for it).
+const CPU_DEFAULT_CONTEXT: usize = 4096;
+
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(1)
@@ -227,7 +230,9 @@ fn build_runner(
         }
         DeviceKind::Cpu => {
             let budget = budget.unwrap_or(256 << 20);
-            let max_context = args.max_context.unwrap_or(model.max_context.min(4096));
+            let max_context = args
+                .max_context
+                .unwrap_or(model.max_context.min(CPU_DEFAULT_CONTEXT));
             let kv_blocks = memory::blocks_in_budget(&model, budget / 2)
                 .min(slots * memory::blocks_for(max_context));
             if kv_blocks == 0 {
@@ -281,9 +286,12 @@ pub fn run(args: RunArgs) -> ExitCode {
     let model = src.config.describe();
     let mut options = EngineOptions::for_model(&model);
     options.prefill_chunk = args.prefill_chunk;
-    if let Some(c) = args.max_context {
-        options.max_context = c;
-    }
+    // The context the CPU runner's cache was sized for (the GPU runner reports its own).
+    options.max_context = match (args.max_context, device) {
+        (Some(c), _) => c,
+        (None, DeviceKind::Cpu) => model.max_context.min(CPU_DEFAULT_CONTEXT),
+        (None, DeviceKind::Cuda) => model.max_context,
+    };
     let mut engine = Engine::new(runner, &model, options);
     let params = sampling(&args);
     let mut ids: Vec<RequestId> = Vec::new();
