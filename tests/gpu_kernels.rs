@@ -261,6 +261,13 @@ fn gpu_every_kernel_sass_equals_ptx() {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn gpu_every_kernel_on_the_engines_context_and_stream_gives_the_same_bits() {
     let ctx = CudaContext::new(0).expect("this GPU test needs a CUDA device");
+    // A context that tracks events is refused (`DispatchError::EventTracking`).
+    assert!(matches!(
+        open_context(ctx.clone()),
+        Err(aot_kernels::dispatch::DispatchError::EventTracking { ordinal: 0 })
+    ));
+    // SAFETY: no buffer of this context exists yet; the test orders its streams itself.
+    unsafe { ctx.disable_event_tracking() };
     let d = open_context(ctx.clone()).unwrap();
     let kernels = load_available(&d, Policy::Auto, &ModuleSource::registry()).unwrap();
     let own = ctx.new_stream().unwrap();

@@ -83,6 +83,8 @@ fn backend_in(ctx: &Arc<CudaContext>) -> *mut AotBackend {
 #[ignore = "needs a CUDA GPU: run with --ignored on the GPU machine"]
 fn gpu_rmsnorm_and_gemv_through_the_c_abi_give_the_rust_launchers_bits() {
     let ctx = CudaContext::new(0).unwrap();
+    // SAFETY: no buffer exists yet; the test orders its one stream itself.
+    unsafe { ctx.disable_event_tracking() };
     let backend = backend_in(&ctx);
     let kernels = load_available(
         &open_context(ctx.clone()).unwrap(),
@@ -455,6 +457,8 @@ impl AttnBuffers {
 /// The backend in a fresh context, and the Rust launchers' kernels loaded on the same context.
 fn attention_setup() -> (*mut AotBackend, LoadedKernels) {
     let ctx = CudaContext::new(0).unwrap();
+    // SAFETY: no buffer exists yet; the test orders its one stream itself.
+    unsafe { ctx.disable_event_tracking() };
     let backend = backend_in(&ctx);
     let kernels = load_available(
         &open_context(ctx).unwrap(),

@@ -74,11 +74,18 @@ pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
 /// capability, integration, driver and SM count, read without changing the context. Load kernels
 /// on it with [`super::load_available`] (or [`super::load_modules`]).
 ///
+/// The context must not track buffer uses with events ([`DispatchError::EventTracking`]
+/// otherwise): the launchers take buffers as views (`ops::launch::DevRef`), whose cudarc guard
+/// is gone by the time the kernel is queued, so the events cudarc records would mark a point before
+/// the kernel and another stream's wait on them would not cover it.
+///
 /// ```no_run
 /// use aot_kernels::device::CudaContext;
 /// use aot_kernels::dispatch::{load_available, open_context, ModuleSource, Policy};
 ///
 /// let ctx = CudaContext::new(1)?; // the engine's own context, on its second GPU
+/// // SAFETY: no buffer exists yet; the engine orders its streams itself.
+/// unsafe { ctx.disable_event_tracking() };
 /// let device = open_context(ctx)?;
 /// let kernels = load_available(&device, Policy::Auto, &ModuleSource::registry())?;
 /// println!("{}", kernels.report().to_table());
@@ -87,6 +94,11 @@ pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
 pub fn open_context(ctx: Arc<CudaContext>) -> Result<OpenDevice, DispatchError> {
     if !driver_present() {
         return Err(DispatchError::NoDriver);
+    }
+    if ctx.is_event_tracking() {
+        return Err(DispatchError::EventTracking {
+            ordinal: ctx.ordinal(),
+        });
     }
     catch_unwind(AssertUnwindSafe(|| describe(ctx))).unwrap_or_else(|p| {
         Err(DispatchError::DriverPanic {

@@ -76,6 +76,8 @@ pub enum DispatchError {
         ordinal: usize,
         failure: DriverFailure,
     },
+    #[error("the context of CUDA device {ordinal} tracks buffer uses with events (cudarc's default), and the kernels' launches through buffer views record none, so cudarc's ordering across streams would not cover them. Call `unsafe {{ ctx.disable_event_tracking() }}` right after creating the context (before allocating), and order work across your streams yourself; or let `open_device` make the context")]
+    EventTracking { ordinal: usize },
     #[error(
         "the CUDA driver library panicked while {during}: {message}. Update the NVIDIA driver"
     )]

@@ -121,6 +121,10 @@ fn run(a: &Args) -> Result<(), Failure> {
     // The engine's own context and stream; the backend loads onto them.
     let ctx = CudaContext::new(a.device)
         .map_err(|e| Failure::NoGpu(format!("device {}: {e}", a.device)))?;
+    // The backend's launches are not tracked by cudarc's events: switch them off before the
+    // first allocation and order the streams explicitly (this engine uses one).
+    // SAFETY: no buffer of this context exists yet.
+    unsafe { ctx.disable_event_tracking() };
     let device = open_context(ctx.clone()).map_err(|e| match e {
         DispatchError::NoDriver => Failure::NoGpu(e.to_string()),
         other => Failure::Check(other.to_string()),
