@@ -62,7 +62,8 @@ enum AotStatus
   // A device pointer is not memory the driver knows, or its allocation is shorter than the
   // declared length (the pointer check; see `AOT_BACKEND_NO_POINTER_CHECK`).
   AOT_STATUS_BAD_POINTER = 11,
-  // The header the caller was compiled with has another ABI major than this library.
+  // The header the caller was compiled with has another ABI major than this library, or a
+  // newer minor (it may call what this library lacks).
   AOT_STATUS_ABI_MISMATCH = 12,
   // A bug in the library (a Rust panic, caught at the boundary); the message says where.
   AOT_STATUS_INTERNAL = 13,
@@ -299,8 +300,9 @@ extern "C" {
 
 // Loads the kernels on device `ordinal` (its primary context, retained until destroy) under
 // `policy` (an `AotPolicy` value) with `flags` (0 or `AOT_BACKEND_NO_POINTER_CHECK`), and
-// writes the backend to `*out`. Arguments are checked before the driver is opened: a bad one
-// gets its status even on a machine without a GPU.
+// writes the backend to `*out` (NULL when it fails, so that destroying it is harmless). Arguments
+// are checked before the driver is opened: a bad one gets its status even on a machine without a
+// GPU.
 //
 // # Safety
 // `out` is null (an error) or points to storage for one pointer.

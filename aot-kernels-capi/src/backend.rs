@@ -93,7 +93,7 @@ impl AotBackend {
         let _restore = RestoreCurrentContext::save();
         if self.check_pointers {
             for &(name, ptr, bytes) in buffers {
-                raw::check_allocation(name, ptr, bytes)?;
+                raw::check_allocation(name, ptr, bytes, self.kernels.context().ordinal())?;
             }
         }
         let kernels = self.on_stream(stream.cast())?;
@@ -179,6 +179,19 @@ pub(crate) fn span<T>(arg: &DeviceArg<T>) -> Extent {
     arg.extent()
 }
 
+/// Writes NULL to `*out` (when `out` is not null) before anything can fail, so that a failed
+/// create leaves NULL, which `aot_backend_destroy` takes, rather than whatever the caller's
+/// variable held.
+///
+/// # Safety
+/// `out` is null or points to writable storage for one pointer.
+unsafe fn clear(out: *mut *mut AotBackend) {
+    // SAFETY: the function's contract.
+    if let Some(out) = unsafe { out.as_mut() } {
+        *out = std::ptr::null_mut();
+    }
+}
+
 fn create(
     out: *mut *mut AotBackend,
     policy_value: u32,
@@ -209,8 +222,9 @@ fn create(
 
 /// Loads the kernels on device `ordinal` (its primary context, retained until destroy) under
 /// `policy` (an `AotPolicy` value) with `flags` (0 or `AOT_BACKEND_NO_POINTER_CHECK`), and
-/// writes the backend to `*out`. Arguments are checked before the driver is opened: a bad one
-/// gets its status even on a machine without a GPU.
+/// writes the backend to `*out` (NULL when it fails, so that destroying it is harmless). Arguments
+/// are checked before the driver is opened: a bad one gets its status even on a machine without a
+/// GPU.
 ///
 /// # Safety
 /// `out` is null (an error) or points to storage for one pointer.
@@ -222,6 +236,8 @@ pub unsafe extern "C" fn aot_backend_create(
     out: *mut *mut AotBackend,
 ) -> AotStatus {
     boundary("aot_backend_create", || {
+        // SAFETY: `out` is null or storage for one pointer (the caller's contract).
+        unsafe { clear(out) };
         let ordinal = usize::try_from(ordinal).map_err(|_| {
             CapiError::invalid(format!(
                 "`ordinal` {ordinal} is negative: pass a device index from 0"
@@ -247,6 +263,8 @@ pub unsafe extern "C" fn aot_backend_create_in_context(
     out: *mut *mut AotBackend,
 ) -> AotStatus {
     boundary("aot_backend_create_in_context", || {
+        // SAFETY: as for `aot_backend_create`.
+        unsafe { clear(out) };
         if cu_context.is_null() {
             return Err(CapiError::null("cu_context"));
         }

@@ -151,8 +151,14 @@ pub(crate) unsafe fn stream_context(stream: sys::CUstream) -> Result<sys::CUcont
     Ok(ctx)
 }
 
-/// Checks that `[ptr, ptr + bytes)` lies in one allocation the driver knows.
-pub(crate) fn check_allocation(name: &str, ptr: u64, bytes: usize) -> Result<(), CapiError> {
+/// Checks that `[ptr, ptr + bytes)` lies in one allocation the driver knows, on device `ordinal`
+/// where the driver names one (managed memory may name the host instead, and passes).
+pub(crate) fn check_allocation(
+    name: &str,
+    ptr: u64,
+    bytes: usize,
+    ordinal: usize,
+) -> Result<(), CapiError> {
     let mut start: sys::CUdeviceptr = 0;
     let mut size: usize = 0;
     let query = |data: *mut c_void, attribute| {
@@ -189,6 +195,20 @@ pub(crate) fn check_allocation(name: &str, ptr: u64, bytes: usize) -> Result<(),
             format!(
                 "`{name}` ({ptr:#x}) is declared {bytes} bytes long but its allocation ends {} bytes after it: declare the length the allocation holds",
                 end.saturating_sub(ptr)
+            ),
+        ));
+    }
+    let mut device: std::ffi::c_int = -1;
+    let named = query(
+        (&mut device as *mut std::ffi::c_int).cast(),
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    )
+    .result();
+    if named.is_ok() && device >= 0 && device as usize != ordinal {
+        return Err(CapiError::new(
+            AotStatus::WrongContext,
+            format!(
+                "`{name}` ({ptr:#x}) is memory of device {device}, the backend's is device {ordinal}: copy it to device {ordinal}, or create the backend with AOT_BACKEND_NO_POINTER_CHECK to pass another device's memory with peer access on"
             ),
         ));
     }

@@ -103,6 +103,20 @@ pub unsafe extern "C" fn aot_plan_json_simulated(
                 "capability {major}.{minor} on driver {driver_major}.{driver_minor}: `major` and `driver_major` must be at least 1"
             )));
         }
+        // `Version::sm` is `major * 10 + minor`: a minor past 9 would name another architecture
+        // (12.10 is sm_130), as `X.Y` on the command line refuses.
+        for (name, value, max) in [
+            ("major", major, 999),
+            ("minor", minor, 9),
+            ("driver_major", driver_major, 999),
+            ("driver_minor", driver_minor, 9),
+        ] {
+            if value > max {
+                return Err(CapiError::invalid(format!(
+                    "`{name}` {value}: at most {max} (a capability or CUDA version is X.Y with one minor digit)"
+                )));
+            }
+        }
         if integrated > 1 {
             return Err(CapiError::invalid(format!(
                 "`integrated` {integrated} must be 0 (a discrete GPU) or 1 (Jetson-class)"

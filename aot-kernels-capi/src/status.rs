@@ -37,7 +37,8 @@ pub enum AotStatus {
     /// A device pointer is not memory the driver knows, or its allocation is shorter than the
     /// declared length (the pointer check; see `AOT_BACKEND_NO_POINTER_CHECK`).
     BadPointer = 11,
-    /// The header the caller was compiled with has another ABI major than this library.
+    /// The header the caller was compiled with has another ABI major than this library, or a
+    /// newer minor (it may call what this library lacks).
     AbiMismatch = 12,
     /// A bug in the library (a Rust panic, caught at the boundary); the message says where.
     Internal = 13,
@@ -59,7 +60,10 @@ impl CapiError {
     }
 
     pub fn null(what: &str) -> Self {
-        Self::new(AotStatus::NullArgument, format!("`{what}` is null"))
+        Self::new(
+            AotStatus::NullArgument,
+            format!("`{what}` is null: pass a valid pointer"),
+        )
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {

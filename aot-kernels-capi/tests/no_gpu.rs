@@ -89,7 +89,9 @@ fn without_a_driver_creating_a_backend_says_so() {
 
 #[test]
 fn create_names_a_null_out_a_bad_policy_flags_and_ordinal_before_opening_the_driver() {
-    let mut backend: *mut AotBackend = null_mut();
+    // What a caller's uninitialised variable might hold: a failed create must overwrite it.
+    let garbage = std::ptr::NonNull::<AotBackend>::dangling().as_ptr();
+    let mut backend: *mut AotBackend;
     let cases: [(i32, u32, u32, bool, AotStatus, &str); 4] = [
         (
             0,
@@ -97,7 +99,7 @@ fn create_names_a_null_out_a_bad_policy_flags_and_ordinal_before_opening_the_dri
             0,
             false,
             AotStatus::NullArgument,
-            "aot_backend_create: `out` is null",
+            "aot_backend_create: `out` is null: pass a valid pointer",
         ),
         (
             0,
@@ -125,6 +127,7 @@ fn create_names_a_null_out_a_bad_policy_flags_and_ordinal_before_opening_the_dri
         ),
     ];
     for (ordinal, policy, flags, with_out, want, text) in cases {
+        backend = garbage;
         let out = if with_out {
             &mut backend as *mut _
         } else {
@@ -138,14 +141,16 @@ fn create_names_a_null_out_a_bad_policy_flags_and_ordinal_before_opening_the_dri
             "{} (want {text})",
             last_error()
         );
+        assert!(
+            backend.is_null() == with_out,
+            "{text}: a failed create writes NULL to `*out`"
+        );
     }
+    backend = garbage;
     // SAFETY: the null context is refused before use.
     let status = unsafe { aot_backend_create_in_context(null_mut(), 0, 0, &mut backend) };
     assert_eq!(status, AotStatus::NullArgument);
-    assert_eq!(
-        last_error(),
-        "aot_backend_create_in_context: `cu_context` is null"
-    );
+    assert!(last_error().starts_with("aot_backend_create_in_context: `cu_context` is null: pass"));
     assert!(backend.is_null());
 }
 
@@ -159,7 +164,11 @@ fn destroying_null_is_a_no_op() {
 #[test]
 fn rmsnorm_names_a_null_a_short_and_a_misaligned_buffer_then_the_null_backend() {
     assert_eq!(rmsnorm(null(), OUT, 256, 0, 64), AotStatus::NullArgument);
-    assert_eq!(last_error(), "aot_rmsnorm_bf16: `x` is null");
+    assert!(
+        last_error().starts_with("aot_rmsnorm_bf16: `x` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
 
     assert_eq!(
         rmsnorm(null(), OUT, 256, X, 63),
@@ -188,7 +197,11 @@ fn rmsnorm_names_a_null_a_short_and_a_misaligned_buffer_then_the_null_backend() 
     );
 
     assert_eq!(rmsnorm(null(), OUT, 256, X, 64), AotStatus::NullArgument);
-    assert_eq!(last_error(), "aot_rmsnorm_bf16: `backend` is null");
+    assert!(
+        last_error().starts_with("aot_rmsnorm_bf16: `backend` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
 }
 
 #[test]
@@ -281,7 +294,11 @@ fn gemv_names_its_token_limit_its_vector_alignment_and_its_strides() {
         "aot_gemv_bf16: `out` is declared 255 elements long; the shape (rows 2 of n 128 every ld_out 128) needs 256"
     );
     assert_eq!(gemv(X, 64, 2, 256), AotStatus::NullArgument);
-    assert_eq!(last_error(), "aot_gemv_bf16: `backend` is null");
+    assert!(
+        last_error().starts_with("aot_gemv_bf16: `backend` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
 }
 
 #[test]
@@ -297,7 +314,11 @@ fn silu_and_mul_needs_vector_alignment_only_when_d_is_a_multiple_of_8() {
         last_error()
     );
     assert_eq!(silu(X + 2, 63), AotStatus::NullArgument, "{}", last_error());
-    assert_eq!(last_error(), "aot_silu_and_mul_bf16: `backend` is null");
+    assert!(
+        last_error().starts_with("aot_silu_and_mul_bf16: `backend` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
 }
 
 #[test]
@@ -315,7 +336,11 @@ fn sample_tokens_names_null_params_and_each_parameter_array() {
         aot_sample_tokens(null(), null_mut(), OUT, 2, X, 2 * 1000, 2, 1000, 1000, p)
     };
     assert_eq!(sample(null()), AotStatus::NullArgument);
-    assert_eq!(last_error(), "aot_sample_tokens: `params` is null");
+    assert!(
+        last_error().starts_with("aot_sample_tokens: `params` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
     assert_eq!(sample(&params), AotStatus::Misaligned);
     assert!(
         last_error().starts_with(
@@ -399,14 +424,14 @@ fn attention_decode_names_null_args_and_with_good_ones_the_null_backend() {
         attention(null()),
         (
             AotStatus::NullArgument,
-            "aot_attention_decode_bf16: `args` is null".to_string()
+            "aot_attention_decode_bf16: `args` is null: pass a valid pointer".to_string()
         )
     );
     assert_eq!(
         attention(&attention_args()),
         (
             AotStatus::NullArgument,
-            "aot_attention_decode_bf16: `backend` is null".to_string()
+            "aot_attention_decode_bf16: `backend` is null: pass a valid pointer".to_string()
         )
     );
 }
@@ -418,12 +443,12 @@ fn attention_decode_names_a_null_a_misaligned_and_a_short_buffer() {
         (
             AotAttentionDecode { qkv: 0, ..good },
             AotStatus::NullArgument,
-            "aot_attention_decode_bf16: `args->qkv` is null",
+            "aot_attention_decode_bf16: `args->qkv` is null: pass a valid pointer",
         ),
         (
             AotAttentionDecode { positions: 0, ..good },
             AotStatus::NullArgument,
-            "aot_attention_decode_bf16: `args->positions` is null",
+            "aot_attention_decode_bf16: `args->positions` is null: pass a valid pointer",
         ),
         (
             AotAttentionDecode { k_cache: good.k_cache + 8, ..good },
@@ -559,7 +584,7 @@ fn attention_decode_names_a_written_buffer_overlapping_another() {
     };
     assert_eq!(
         attention(&shared).1,
-        "aot_attention_decode_bf16: `backend` is null"
+        "aot_attention_decode_bf16: `backend` is null: pass a valid pointer"
     );
 }
 
@@ -593,7 +618,7 @@ fn attention_workspace_bytes_is_the_backends_scratch_and_names_bad_heads_and_a_n
     assert_eq!(status, AotStatus::NullArgument);
     assert_eq!(
         last_error(),
-        "aot_attention_decode_workspace_bytes: `bytes` is null"
+        "aot_attention_decode_workspace_bytes: `bytes` is null: pass a valid pointer"
     );
 }
 
@@ -620,7 +645,7 @@ fn sigmoid_gate(x: u64, x_len: usize, ld_x: usize, gate: u64, rows: usize) -> (A
 #[test]
 fn sigmoid_gate_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
     let cases = [
-        (0, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `x` is null"),
+        (0, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `x` is null: pass a valid pointer"),
         (
             X + 1,
             256,
@@ -666,7 +691,7 @@ fn sigmoid_gate_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
             AotStatus::InvalidArgument,
             "aot_sigmoid_gate_mul_bf16: `rows` 0 must be 1..=65535",
         ),
-        (X, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `backend` is null"),
+        (X, 256, 64, W, 4, AotStatus::NullArgument, "aot_sigmoid_gate_mul_bf16: `backend` is null: pass a valid pointer"),
     ];
     for (x, x_len, ld_x, gate, rows, status, text) in cases {
         let (got, message) = sigmoid_gate(x, x_len, ld_x, gate, rows);
@@ -750,14 +775,14 @@ fn gdn_names_null_args_and_with_good_ones_the_null_backend() {
         gdn(null()),
         (
             AotStatus::NullArgument,
-            "aot_gdn_recurrent_bf16: `args` is null".to_string()
+            "aot_gdn_recurrent_bf16: `args` is null: pass a valid pointer".to_string()
         )
     );
     assert_eq!(
         gdn(&gdn_args()),
         (
             AotStatus::NullArgument,
-            "aot_gdn_recurrent_bf16: `backend` is null".to_string()
+            "aot_gdn_recurrent_bf16: `backend` is null: pass a valid pointer".to_string()
         )
     );
 }
@@ -769,12 +794,12 @@ fn gdn_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
         (
             AotGdn { qkv: 0, ..good },
             AotStatus::NullArgument,
-            "aot_gdn_recurrent_bf16: `args->qkv` is null",
+            "aot_gdn_recurrent_bf16: `args->qkv` is null: pass a valid pointer",
         ),
         (
             AotGdn { has_state: 0, ..good },
             AotStatus::NullArgument,
-            "aot_gdn_recurrent_bf16: `args->has_state` is null",
+            "aot_gdn_recurrent_bf16: `args->has_state` is null: pass a valid pointer",
         ),
         (
             AotGdn { a_log: good.a_log + 4, ..good },
@@ -815,7 +840,7 @@ fn gdn_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
     // Buffers it only reads may share bytes: a and b from one fused projection, say.
     assert_eq!(
         gdn(&AotGdn { b: good.a, ..good }).1,
-        "aot_gdn_recurrent_bf16: `backend` is null"
+        "aot_gdn_recurrent_bf16: `backend` is null: pass a valid pointer"
     );
 }
 
@@ -888,7 +913,7 @@ fn gdn_workspace_bytes_is_the_conv_output_and_names_a_bad_shape_and_a_null_out()
     assert_eq!(query(7, s.key_heads, null_mut()), AotStatus::NullArgument);
     assert_eq!(
         last_error(),
-        "aot_gdn_recurrent_workspace_bytes: `bytes` is null"
+        "aot_gdn_recurrent_workspace_bytes: `bytes` is null: pass a valid pointer"
     );
 }
 
@@ -942,14 +967,14 @@ fn moe_names_null_args_and_with_good_ones_the_null_backend() {
         moe(null()),
         (
             AotStatus::NullArgument,
-            "aot_moe_forward_bf16: `args` is null".to_string()
+            "aot_moe_forward_bf16: `args` is null: pass a valid pointer".to_string()
         )
     );
     assert_eq!(
         moe(&moe_args()),
         (
             AotStatus::NullArgument,
-            "aot_moe_forward_bf16: `backend` is null".to_string()
+            "aot_moe_forward_bf16: `backend` is null: pass a valid pointer".to_string()
         )
     );
 }
@@ -961,7 +986,7 @@ fn moe_names_a_null_a_misaligned_a_short_and_an_overlapping_buffer() {
         (
             AotMoe { router: 0, ..good },
             AotStatus::NullArgument,
-            "aot_moe_forward_bf16: `args->router` is null",
+            "aot_moe_forward_bf16: `args->router` is null: pass a valid pointer",
         ),
         (
             AotMoe { x: good.x + 8, ..good },
@@ -1057,7 +1082,7 @@ fn moe_workspace_bytes_grows_with_the_tokens_and_names_a_bad_shape_and_a_null_ou
     assert_eq!(query(1, s.inter, null_mut()), AotStatus::NullArgument);
     assert_eq!(
         last_error(),
-        "aot_moe_forward_workspace_bytes: `bytes` is null"
+        "aot_moe_forward_workspace_bytes: `bytes` is null: pass a valid pointer"
     );
 }
 
@@ -1079,7 +1104,10 @@ fn each_thread_reads_its_own_last_error() {
     };
     let a = fail_then_read(true, barrier.clone());
     let b = fail_then_read(false, barrier);
-    assert_eq!(a.join().unwrap(), "aot_rmsnorm_bf16: `x` is null");
+    assert!(a
+        .join()
+        .unwrap()
+        .starts_with("aot_rmsnorm_bf16: `x` is null: pass a valid pointer"));
     assert!(b
         .join()
         .unwrap()
@@ -1114,6 +1142,19 @@ fn the_simulated_plan_comes_through_the_buffer_protocol() {
     assert_eq!(small, len);
     assert_eq!(four, [0; 4], "nothing is written to a short buffer");
 
+    // A minor of two digits would alias another architecture (12.10 as sm_130): refused.
+    for (args, name) in [
+        ((12, 10, 13, 0), "`minor` 10"),
+        ((9, 0, 13, 12), "`driver_minor` 12"),
+    ] {
+        let (major, minor, dmaj, dmin) = args;
+        // SAFETY: refused before the buffer is used.
+        let status = unsafe {
+            aot_plan_json_simulated(major, minor, dmaj, dmin, 0, 0, null_mut(), &mut len)
+        };
+        assert_eq!(status, AotStatus::InvalidArgument);
+        assert!(last_error().contains(name), "{}", last_error());
+    }
     // SAFETY: refused before the buffer is used.
     let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 2, 0, null_mut(), &mut len) };
     assert_eq!(status, AotStatus::InvalidArgument);
@@ -1125,5 +1166,9 @@ fn the_simulated_plan_comes_through_the_buffer_protocol() {
     // SAFETY: a null `len` is refused.
     let status = unsafe { aot_plan_json_simulated(9, 0, 13, 0, 0, 0, null_mut(), null_mut()) };
     assert_eq!(status, AotStatus::NullArgument);
-    assert_eq!(last_error(), "aot_plan_json_simulated: `len` is null");
+    assert!(
+        last_error().starts_with("aot_plan_json_simulated: `len` is null: pass a valid pointer"),
+        "{}",
+        last_error()
+    );
 }

@@ -174,13 +174,14 @@ pub struct LoadedKernels {
     /// Dynamic shared memory each function has been allowed (beyond the default), by entry
     /// (shared by every handle of these modules: the attribute belongs to the function).
     smem_allowed: Arc<Mutex<BTreeMap<(String, String), usize>>>,
-    /// Whether a cluster launch of an entry can be placed, by (module, entry, shared memory,
-    /// cluster size): [`LoadedKernels::cluster_fits`].
+    /// Whether a cluster launch of an entry can be placed, by (module, entry, threads, shared
+    /// memory, cluster size): [`LoadedKernels::cluster_fits`].
     cluster_fit: Arc<Mutex<ClusterFits>>,
 }
 
-/// Whether a cluster launch fits, by (module, entry, shared memory bytes, cluster size).
-type ClusterFits = BTreeMap<(String, String, u32, u32), bool>;
+/// Whether a cluster launch fits, by (module, entry, threads a block, shared memory bytes,
+/// cluster size).
+type ClusterFits = BTreeMap<(String, String, u32, u32, u32), bool>;
 
 // The handles cross threads: checked at compile time.
 const _: fn() = || {
@@ -318,7 +319,14 @@ impl LoadedKernels {
         if !self.cluster_launch(module) {
             return false;
         }
-        let key = (module.to_string(), entry.to_string(), smem as u32, size);
+        // Occupancy, hence whether the cluster can be placed, depends on the block size too.
+        let key = (
+            module.to_string(),
+            entry.to_string(),
+            threads,
+            smem as u32,
+            size,
+        );
         if let Some(&fits) = self
             .cluster_fit
             .lock()
