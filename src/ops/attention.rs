@@ -412,6 +412,9 @@ pub fn attention_decode(
         a.v_cache.len(),
         &[a.kv_heads, BLOCK_TOKENS, d],
     )?;
+    // The caches are read 16 bytes at a time.
+    check_aligned(op, "k_cache", a.k_cache.addr(), 16)?;
+    check_aligned(op, "v_cache", a.v_cache.addr(), 16)?;
     let (ml, o, counters) = attn_scratch_needs(a.m, a.q_heads, a.kv_heads, d);
     check_view(op, "ws_ml", scratch.ws_ml.len(), &[ml])?;
     // The merging block reads each (max, sum) pair as one 8-byte load.

@@ -12,7 +12,9 @@
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 use half::bf16;
 
-use super::launch::{check_view, launch_params_pdl, to_i32, DevMut, DevRef, OpsError};
+use super::launch::{
+    check_aligned, check_view, launch_params_pdl, to_i32, DevMut, DevRef, OpsError,
+};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "gemv";
@@ -339,6 +341,8 @@ pub fn gemv_with(
         )));
     }
     check_view(op, "w", w.len(), &[n, k])?;
+    // Weights and inputs move in 16-byte copies (`cp.async`, `uint4`).
+    check_aligned(op, "w", w.addr(), 16)?;
     let mut p = GemvParams {
         w: w.addr(),
         n: to_i32(op, "n", n)?,
@@ -355,6 +359,7 @@ pub fn gemv_with(
                 )));
             }
             check_view(op, "x", x.len(), &[(m - 1) * ld_x + k])?;
+            check_aligned(op, "x", x.addr(), 16)?;
             p.x = x.addr();
             p.ld_x = to_i32(op, "ld_x", *ld_x)?;
             false
@@ -374,6 +379,7 @@ pub fn gemv_with(
                 )));
             }
             check_view(op, "h", h.len(), &[(m - 1) * ld_h + k])?;
+            check_aligned(op, "h", h.addr(), 16)?;
             check_view(op, "ssq", ssq.len(), &[*ssq_groups, MAX_TOKENS])?;
             check_view(op, "norm weight", weight.len(), &[k])?;
             p.x = h.addr();

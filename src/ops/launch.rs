@@ -150,6 +150,17 @@ pub struct DevMut<'a, T> {
 }
 
 impl<'a, T> DevRef<'a, T> {
+    /// A view of `len` elements at device address `ptr`, for tests of the launchers' checks
+    /// (nothing is launched on it).
+    #[cfg(test)]
+    pub(crate) fn at(ptr: u64, len: usize) -> Self {
+        DevRef {
+            ptr,
+            len,
+            _borrow: PhantomData,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -187,6 +198,16 @@ impl<'a, T> DevRef<'a, T> {
 }
 
 impl<'a, T> DevMut<'a, T> {
+    /// As [`DevRef::at`], writable.
+    #[cfg(test)]
+    pub(crate) fn at(ptr: u64, len: usize) -> Self {
+        DevMut {
+            ptr,
+            len,
+            _borrow: PhantomData,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

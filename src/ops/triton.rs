@@ -11,7 +11,7 @@ use fatbin_verify::{Target, Variant};
 use half::bf16;
 use serde::Serialize;
 
-use super::launch::{DevMut, DevRef, OpsError};
+use super::launch::{check_aligned, DevMut, DevRef, OpsError};
 use crate::dispatch::LoadedKernels;
 
 /// One non-constexpr parameter of a Triton kernel, in order.
@@ -117,6 +117,21 @@ pub enum TritonArg<'a> {
 }
 
 impl TritonArg<'_> {
+    /// The address a view of more than one element passes (an allocation's own start is aligned
+    /// far past 16 bytes; a view may start anywhere in it). A view of one element is left out: it
+    /// can only be read or written as a scalar, which no alignment constrains (the engine logs
+    /// each layer's expert count through such views).
+    fn view_addr(&self) -> Option<u64> {
+        let (addr, len) = match self {
+            TritonArg::I32View(v) => (v.addr(), v.len()),
+            TritonArg::I32ViewMut(v) => (v.addr(), v.len()),
+            TritonArg::Bf16View(v) => (v.addr(), v.len()),
+            TritonArg::Bf16ViewMut(v) => (v.addr(), v.len()),
+            _ => return None,
+        };
+        (len > 1).then_some(addr)
+    }
+
     /// The Triton type this argument passes.
     pub fn triton_type(&self) -> &'static str {
         match self {
@@ -135,7 +150,9 @@ impl TritonArg<'_> {
     }
 }
 
-/// Checks an argument list against a kernel's signature (count and each type, by position).
+/// Checks an argument list against a kernel's signature (count and each type, by position), and
+/// that each view starts on a 16-byte boundary where the kernel was compiled assuming it (its
+/// loads would fault otherwise, a sticky error for the whole context).
 pub fn check_signature(
     op: &'static str,
     record: &TritonKernelRecord,
@@ -165,6 +182,9 @@ pub fn check_signature(
                     record.module
                 ),
             });
+        }
+        if let Some(addr) = arg.view_addr().filter(|_| param.aligned_16) {
+            check_aligned(op, param.name, addr, 16)?;
         }
     }
     Ok(())
@@ -353,6 +373,40 @@ impl<'k> TritonKernel<'k> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_view_off_the_16_byte_alignment_a_kernel_assumes_is_refused_by_name() {
+        let r = record("moe_combine_norm").expect("moe_combine_norm is a Triton module");
+        let (y, ids, w) = (
+            DevRef::at(0x1000, 64),
+            DevRef::at(0x2000, 8),
+            DevRef::at(0x3000, 64),
+        );
+        let args = |residual| {
+            vec![
+                TritonArg::Bf16View(y),
+                TritonArg::I32View(ids),
+                TritonArg::Bf16ViewMut(DevMut::at(residual, 64)),
+                TritonArg::Bf16View(w),
+                TritonArg::Bf16ViewMut(DevMut::at(0x4000, 64)),
+                TritonArg::ScalarI32(1),
+                TritonArg::ScalarF32(1e-6),
+                TritonArg::ScalarF32(1.0),
+            ]
+        };
+        check_signature("test", r, &args(0x5010)).unwrap();
+        // A one-element view is a scalar: any address.
+        let mut one = args(0x5010);
+        one[1] = TritonArg::I32View(DevRef::at(0x2004, 1));
+        check_signature("test", r, &one).unwrap();
+        let err = check_signature("test", r, &args(0x5008))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`residual_ptr` starts at 0x5008") && err.contains("16-byte boundary"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn every_triton_module_has_launch_facts_for_every_image() {
