@@ -14,6 +14,8 @@ use crate::weights::Weights;
 pub enum LoadError {
     #[error("{path} is not a folder: a model is a Hugging Face folder (config.json, model.safetensors or its shards, tokenizer.json) or a built-in name (tiny-en, tiny, qwen3-4b, tiny-moe, qwen3.6-35b-a3b)")]
     NotAFolder { path: String },
+    #[error("the built-in tiny-en is the folder models/tiny-en of the source checkout, found neither at {built} (where this binary was built) nor at models/tiny-en under the current folder: run from the checkout's root, or pass --model <path to models/tiny-en>")]
+    TinyEnMissing { built: String },
     #[error("{dir} has no config.json: download the whole model folder (e.g. `huggingface-cli download Qwen/Qwen3-4B --local-dir {dir}`), not only its weights")]
     MissingConfig { dir: String },
     #[error(transparent)]

@@ -40,7 +40,15 @@ pub fn open_model(spec: &str, seed: u64) -> Result<ModelSource, LoadError> {
     };
     match spec {
         "tiny-en" => {
-            let (config, weights, tokenizer) = load_model_dir(&tiny_en_dir())?;
+            // Where the binary was built, else the checkout it runs in (a binary copied to
+            // another machine with the source tree, as the GPU bundle is).
+            let dir = [tiny_en_dir(), PathBuf::from("models/tiny-en")]
+                .into_iter()
+                .find(|d| d.is_dir())
+                .ok_or_else(|| LoadError::TinyEnMissing {
+                    built: tiny_en_dir().display().to_string(),
+                })?;
+            let (config, weights, tokenizer) = load_model_dir(&dir)?;
             Ok(ModelSource {
                 name: spec.to_string(),
                 config,

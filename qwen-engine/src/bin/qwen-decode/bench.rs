@@ -439,8 +439,9 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
     }
     let src: ModelSource = open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
     let model = src.config.describe();
-    let kv_budget = parse_bytes(&args.kv_budget)?;
-    let bw_bytes = parse_bytes(&args.bandwidth_bytes)?;
+    let kv_budget = parse_bytes(&args.kv_budget).map_err(|e| format!("--kv-budget: {e}"))?;
+    let bw_bytes =
+        parse_bytes(&args.bandwidth_bytes).map_err(|e| format!("--bandwidth-bytes: {e}"))?;
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
     let max_input = args.inputs.iter().copied().max().unwrap_or(16);
     let peers = args

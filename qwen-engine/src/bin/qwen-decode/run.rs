@@ -184,7 +184,12 @@ fn build_runner(
     device: DeviceKind,
 ) -> Result<Box<dyn Runner>, String> {
     let slots = args.slots.unwrap_or(args.concurrency.max(8));
-    let budget = args.kv_budget.as_deref().map(parse_bytes).transpose()?;
+    let budget = args
+        .kv_budget
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()
+        .map_err(|e| format!("--kv-budget: {e}"))?;
     let model = src.config.describe();
     match device {
         DeviceKind::Cuda => {
