@@ -151,8 +151,10 @@ pub(crate) unsafe fn stream_context(stream: sys::CUstream) -> Result<sys::CUcont
     Ok(ctx)
 }
 
-/// Checks that `[ptr, ptr + bytes)` lies in one allocation the driver knows, on device `ordinal`
-/// where the driver names one (managed memory may name the host instead, and passes).
+/// Checks that `[ptr, ptr + bytes)` lies in one allocation the driver knows and, for device memory
+/// that is not managed, that it is on device `ordinal`. Managed and host memory pass whatever
+/// device they were allocated under (the driver names that one, not where the pages live, and
+/// every device may reach them).
 pub(crate) fn check_allocation(
     name: &str,
     ptr: u64,
@@ -204,7 +206,28 @@ pub(crate) fn check_allocation(
         sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
     )
     .result();
-    if named.is_ok() && device >= 0 && device as usize != ordinal {
+    // Another device named: refused only for device memory that is not managed (asked only
+    // then, so the common case stays at three queries). The memory type is a CUmemorytype (4
+    // bytes); "is managed" a boolean the driver may write in fewer bytes than its zeroed word.
+    let device_memory = || {
+        let mut memory_type: u32 = 0;
+        let mut managed: u32 = 0;
+        query(
+            (&mut memory_type as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        )
+        .result()
+        .is_ok()
+            && memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+            && query(
+                (&mut managed as *mut u32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            )
+            .result()
+            .is_ok()
+            && managed == 0
+    };
+    if named.is_ok() && device >= 0 && device as usize != ordinal && device_memory() {
         return Err(CapiError::new(
             AotStatus::WrongContext,
             format!(

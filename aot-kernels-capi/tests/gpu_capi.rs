@@ -127,15 +127,15 @@ fn gpu_rmsnorm_and_gemv_through_the_c_abi_give_the_rust_launchers_bits() {
     let normed_c = stream.alloc_zeros::<bf16>(rows * hidden).unwrap();
     let logits_c = stream.alloc_zeros::<f32>(rows * vocab).unwrap();
     let s = stream.cu_stream().cast();
-    // The C call, with `out` declared `out_len` elements long.
-    let rmsnorm_c = |out_len: usize| {
+    // The C call into `out`, declared `out_len` elements long.
+    let rmsnorm_into = |out: sys::CUdeviceptr, out_len: usize| {
         // SAFETY: every address is a live allocation on this context, of the declared length but
         // for `out_len` (which the pointer check must refuse when it is too long).
         unsafe {
             aot_rmsnorm_bf16(
                 backend,
                 s,
-                addr(&stream, &normed_c),
+                out,
                 out_len,
                 addr(&stream, &x),
                 rows * hidden,
@@ -148,6 +148,7 @@ fn gpu_rmsnorm_and_gemv_through_the_c_abi_give_the_rust_launchers_bits() {
             )
         }
     };
+    let rmsnorm_c = |out_len: usize| rmsnorm_into(addr(&stream, &normed_c), out_len);
     let status = rmsnorm_c(rows * hidden);
     assert_eq!(status, AotStatus::Ok, "{}", last_error());
     // SAFETY: as above.
@@ -182,6 +183,37 @@ fn gpu_rmsnorm_and_gemv_through_the_c_abi_give_the_rust_launchers_bits() {
     assert!(
         c.iter().zip(&r).all(|(a, b)| a.to_bits() == b.to_bits()),
         "gemv bits"
+    );
+
+    // Managed memory passes the pointer check (the driver knows it, whatever device it names) and
+    // gets the same bits.
+    let mut managed: sys::CUdeviceptr = 0;
+    let managed_bytes = rows * hidden * std::mem::size_of::<bf16>();
+    // SAFETY: allocates `managed_bytes` of managed memory into `managed`, freed below.
+    unsafe {
+        sys::cuMemAllocManaged(
+            &mut managed,
+            managed_bytes,
+            sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+        )
+        .result()
+        .unwrap()
+    };
+    let status = rmsnorm_into(managed, rows * hidden);
+    assert_eq!(status, AotStatus::Ok, "{}", last_error());
+    stream.synchronize().unwrap();
+    let mut from_managed = vec![bf16::ZERO; rows * hidden];
+    // SAFETY: copies the managed allocation, whole, into a host vector of its length; then frees it.
+    unsafe {
+        sys::cuMemcpyDtoH_v2(from_managed.as_mut_ptr().cast(), managed, managed_bytes)
+            .result()
+            .unwrap();
+        sys::cuMemFree_v2(managed).result().unwrap();
+    }
+    assert_eq!(
+        from_managed,
+        stream.clone_dtoh(&normed_rust).unwrap(),
+        "rmsnorm bits into managed memory"
     );
 
     // A declared length past the allocation is refused by the pointer check, naming the buffer.

@@ -24,11 +24,11 @@ pub enum ConfigError {
     },
 }
 
-/// Reads a config file's text; the error names the file.
 /// The largest size, count or length a config.json may give (2^24): a million-token context and
 /// a vocabulary of 248k fit; a value past it is a typo or a hostile file.
 pub const MAX_CONFIG_SIZE: usize = 1 << 24;
 
+/// Reads a config file's text; the error names the file.
 pub fn read_config_text(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
@@ -97,8 +97,7 @@ impl<'a> Fields<'a> {
         self.get(key).and_then(Value::as_str)
     }
 
-    /// A positive whole number that must be present.
-    /// A positive whole number, at most [`MAX_CONFIG_SIZE`] (no model size comes near it, and the
+    /// A positive whole number that must be present, at most [`MAX_CONFIG_SIZE`] (no model size comes near it, and the
     /// products of sizes stay far from overflow).
     pub fn usize(&self, key: &str) -> Result<usize, ConfigError> {
         match self.get(key) {

@@ -32,12 +32,31 @@ impl EngineOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("the device failed during a step ({} request(s) aborted): {source}", aborted.len())]
+    #[error(
+        "the device failed during a step ({}): {source}",
+        aborted_list(aborted)
+    )]
     Runner {
         source: RunnerError,
         /// Every request that was running or waiting: none of them goes on.
         aborted: Vec<RequestId>,
     },
+}
+
+/// "aborted requests 3, 4 and 7" for [`EngineError::Runner`] (the first 16 ids, then a count).
+fn aborted_list(ids: &[RequestId]) -> String {
+    const SHOWN: usize = 16;
+    let n: Vec<String> = ids.iter().take(SHOWN).map(|id| id.0.to_string()).collect();
+    match ids.len() {
+        0 => "no request was running or waiting".into(),
+        1 => format!("aborted request {}", n[0]),
+        len if len <= SHOWN => format!(
+            "aborted requests {} and {}",
+            n[..len - 1].join(", "),
+            n[len - 1]
+        ),
+        len => format!("aborted requests {} and {} more", n.join(", "), len - SHOWN),
+    }
 }
 
 /// A runner's output has a token exactly where the plan asked for a sample (`Runner` is a public
@@ -259,12 +278,28 @@ mod tests {
                         .unwrap()
                 })
                 .collect();
-            let Err(EngineError::Runner { source, aborted }) = engine.step() else {
-                panic!("a miscounted output must fail the step");
-            };
+            let err = engine
+                .step()
+                .expect_err("a miscounted output must fail the step");
+            assert!(
+                err.to_string().contains("aborted requests 0 and 1"),
+                "{err}"
+            );
+            let EngineError::Runner { source, aborted } = err;
             assert!(source.to_string().contains(says), "{source}");
             assert_eq!(aborted, ids);
             assert!(engine.is_idle());
         }
+    }
+
+    #[test]
+    fn aborted_lists_name_the_requests() {
+        let ids = |n: u64| (0..n).map(RequestId).collect::<Vec<_>>();
+        assert_eq!(aborted_list(&[]), "no request was running or waiting");
+        assert_eq!(aborted_list(&ids(1)), "aborted request 0");
+        assert_eq!(aborted_list(&ids(3)), "aborted requests 0, 1 and 2");
+        let many = aborted_list(&ids(20));
+        assert!(many.starts_with("aborted requests 0, 1, "), "{many}");
+        assert!(many.ends_with(", 15 and 4 more"), "{many}");
     }
 }

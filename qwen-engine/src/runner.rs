@@ -130,6 +130,7 @@ pub fn check_plan(plan: &StepPlan<'_>, l: &PlanLimits) -> Result<(), RunnerError
     let mut slots = HashSet::new();
     let mut states = HashSet::new();
     let mut written = HashSet::new();
+    let mut blocks_seen = vec![0u64; l.kv_blocks.div_ceil(64)];
     for s in &plan.seqs {
         let slot = s.slot;
         if slot >= l.slots {
@@ -200,7 +201,18 @@ pub fn check_plan(plan: &StepPlan<'_>, l: &PlanLimits) -> Result<(), RunnerError
                 l.kv_blocks
             ));
         }
-        if used.iter().collect::<HashSet<_>>().len() != used.len() {
+        // One bit a block of the cache, set for this sequence's blocks and cleared after, so the
+        // check costs two passes over the table on the step's hot path, with no hashing.
+        let twice = used.iter().any(|&b| {
+            let (word, bit) = (b as usize / 64, 1u64 << (b % 64));
+            let seen = blocks_seen[word] & bit != 0;
+            blocks_seen[word] |= bit;
+            seen
+        });
+        for &b in used {
+            blocks_seen[b as usize / 64] = 0;
+        }
+        if twice {
             return err(format!(
                 "slot {slot}: the block table {used:?} names a block twice"
             ));

@@ -54,7 +54,7 @@ pub enum SubmitError {
         index: usize,
         vocab: usize,
     },
-    #[error("the prompt ({prompt} tokens) plus {new} new tokens exceeds the context of {context} tokens; shorten the prompt or lower --max-new-tokens")]
+    #[error("the prompt ({prompt} tokens) plus {new} new tokens exceeds the context of {context} tokens; shorten the prompt, lower --max-new-tokens, or raise --max-context where the model allows more")]
     TooLong {
         prompt: usize,
         new: usize,

@@ -166,6 +166,10 @@ fn plan_errors_name_the_slot_and_the_problem() {
         ),
         (vec![step(1, &[1; 17], 0, &[3, 3])], "names a block twice"),
         (
+            vec![step(1, &[1; 33], 0, &[3, 70, 3])],
+            "names a block twice",
+        ),
+        (
             vec![step(0, &[1], 0, &[5]), step(1, &[2], 0, &[5])],
             "another sequence",
         ),
@@ -188,4 +192,12 @@ fn plan_errors_name_the_slot_and_the_problem() {
             .to_string();
         assert!(err.contains(want), "expected `{want}` in: {err}");
     }
+    // Sequences may share a block they only read (the duplicate check is per sequence), and a
+    // refused plan leaves nothing behind for the next.
+    runner
+        .step(&StepPlan {
+            seqs: vec![step(0, &[1], 16, &[5, 6]), step(1, &[2], 16, &[5, 7])],
+            want_logits: false,
+        })
+        .unwrap();
 }

@@ -346,3 +346,54 @@ fn a_request_longer_than_the_runner_holds_is_refused_and_the_others_go_on() {
     assert_eq!(out[&a], want);
     assert_eq!(out[&b].len(), 8);
 }
+
+/// Without `--max-context` the CPU run sizes each slot for 4096 positions and serves what its
+/// whole cache holds: on a model allowing 8192 positions (tiny-en's weights under a longer
+/// context), a 4100-position request runs when a second slot's share is free, and with one slot
+/// it is refused as too long, naming the flag that would let it run (a larger budget would not).
+#[test]
+fn the_cli_cpu_context_is_what_the_cache_holds() {
+    let tiny_en = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-en");
+    let dir = std::env::temp_dir().join(format!("aot-long-context-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = std::fs::read_to_string(tiny_en.join("config.json")).unwrap();
+    let longer = config.replace(
+        "\"max_position_embeddings\": 512",
+        "\"max_position_embeddings\": 8192",
+    );
+    assert_ne!(config, longer, "tiny-en's config changed: update this test");
+    std::fs::write(dir.join("config.json"), longer).unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny_en.join(f), dir.join(f)).unwrap();
+    }
+    let ids = vec!["7"; 4098].join(",");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_qwen-decode"))
+            .args([
+                "run",
+                "--device",
+                "cpu",
+                "--max-new-tokens",
+                "2",
+                "--ignore-eos",
+            ])
+            .arg("--model")
+            .arg(&dir)
+            .args(["--prompt-ids", &ids])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let one = run(&["--slots", "1"]);
+    let two = run(&["--slots", "2"]);
+    std::fs::remove_dir_all(&dir).ok();
+    let stderr = String::from_utf8_lossy(&one.stderr);
+    assert_eq!(one.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("context of 4096 tokens"), "{stderr}");
+    assert!(stderr.contains("--max-context"), "{stderr}");
+    assert!(
+        two.status.success(),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
+}

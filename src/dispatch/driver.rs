@@ -47,8 +47,10 @@ pub fn driver_version() -> Result<Version, DriverError> {
 ///
 /// The context's per-buffer event tracking is turned off: the backend's own engine orders all its
 /// work on one stream, where cudarc's events would only add driver calls to every launch and get in
-/// the way of CUDA graph capture. An engine that shares buffers across streams makes its context
-/// itself and passes it to [`open_context`], which leaves the context as it is.
+/// the way of CUDA graph capture. An engine that makes its context itself passes it to
+/// [`open_context`], which changes nothing of it and refuses a context that still tracks events
+/// ([`DispatchError::EventTracking`]): turn tracking off on it first
+/// (`CudaContext::disable_event_tracking`) and order work across streams with your own events.
 pub fn open_device(ordinal: usize) -> Result<OpenDevice, DispatchError> {
     if !driver_present() {
         return Err(DispatchError::NoDriver);

@@ -307,7 +307,8 @@ impl LoadedKernels {
     /// memory, can run as clusters of `size` blocks here: [`Self::cluster_launch`], and the driver
     /// places at least one such cluster (`cuOccupancyMaxActiveClusters`; a GPU whose GPCs hold
     /// fewer free SMs than a cluster needs, a small Jetson or a MIG slice, cannot, and a launch would
-    /// fail). A failed query counts as no. Asked of the driver once per (entry, smem, size).
+    /// fail). A failed query counts as no. Asked of the driver once per (module, entry, threads, smem,
+    /// size).
     pub fn cluster_fits(
         &self,
         module: &str,

@@ -64,6 +64,8 @@ pub struct CpuRunner {
     model: CpuModel,
     cache: PagedKvCache,
     options: CpuRunnerOptions,
+    /// Most positions a request may reach (`Runner::max_context`); unbounded unless set.
+    max_context: usize,
     steps: u64,
     tokens: u64,
     seconds: f64,
@@ -129,6 +131,7 @@ impl CpuRunner {
             cache,
             model,
             options,
+            max_context: usize::MAX,
             steps: 0,
             tokens: 0,
             seconds: 0.0,
@@ -154,6 +157,16 @@ impl CpuRunner {
     }
 }
 
+impl CpuRunner {
+    /// Bounds the positions one request may reach (the engine refuses a longer one as too long,
+    /// naming `--max-context`): for a cache sized as a number of slots times a context rather
+    /// than by its budget.
+    pub fn with_max_context(mut self, positions: usize) -> CpuRunner {
+        self.max_context = positions;
+        self
+    }
+}
+
 impl Runner for CpuRunner {
     fn device(&self) -> DeviceKind {
         DeviceKind::Cpu
@@ -170,6 +183,10 @@ impl Runner for CpuRunner {
 
     fn max_slots(&self) -> usize {
         self.options.max_slots
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
     }
 
     fn state_slots(&self) -> usize {

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use aot_kernels::dispatch::{self, Policy, ToolchainChoice};
+use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::sampling::SamplingParams;
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -134,7 +135,8 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
     Ok((value * scale) as usize)
 }
 
-/// The CPU runner's context without `--max-context` (its fp32 cache is sized for it).
+/// Positions a slot of the CPU runner's fp32 cache is sized for without `--max-context` (one
+/// request may still use several slots' share).
 const CPU_DEFAULT_CONTEXT: usize = 4096;
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -235,11 +237,12 @@ fn build_runner(
         }
         DeviceKind::Cpu => {
             let budget = budget.unwrap_or(256 << 20);
-            let max_context = args
+            let per_slot = args
                 .max_context
                 .unwrap_or(model.max_context.min(CPU_DEFAULT_CONTEXT));
-            let kv_blocks = memory::blocks_in_budget(&model, budget / 2)
-                .min(slots * memory::blocks_for(max_context));
+            let budget_blocks = memory::blocks_in_budget(&model, budget / 2);
+            let slots_blocks = slots.saturating_mul(memory::blocks_for(per_slot));
+            let kv_blocks = budget_blocks.min(slots_blocks);
             if kv_blocks == 0 {
                 return Err(format!(
                     "the KV budget of {budget} bytes holds no block ({} bytes in fp32); raise --kv-budget",
@@ -255,6 +258,14 @@ fn build_runner(
                 },
             )
             .map_err(|e| e.to_string())?;
+            // A cache cut to the slots' share of the default context, not to the budget: a
+            // request longer than it all is refused as too long, naming --max-context (a larger
+            // budget would not help), rather than as too big for the KV budget.
+            let runner = if args.max_context.is_none() && slots_blocks <= budget_blocks {
+                runner.with_max_context(kv_blocks * KV_BLOCK_TOKENS)
+            } else {
+                runner
+            };
             Ok(Box::new(runner))
         }
     }
@@ -291,12 +302,10 @@ pub fn run(args: RunArgs) -> ExitCode {
     let model = src.config.describe();
     let mut options = EngineOptions::for_model(&model);
     options.prefill_chunk = args.prefill_chunk;
-    // The context the CPU runner's cache was sized for (the GPU runner reports its own).
-    options.max_context = match (args.max_context, device) {
-        (Some(c), _) => c,
-        (None, DeviceKind::Cpu) => model.max_context.min(CPU_DEFAULT_CONTEXT),
-        (None, DeviceKind::Cuda) => model.max_context,
-    };
+    // The runners report their own bounds (Runner::max_context); the engine takes the lower.
+    if let Some(c) = args.max_context {
+        options.max_context = c;
+    }
     let mut engine = Engine::new(runner, &model, options);
     let params = sampling(&args);
     let mut ids: Vec<RequestId> = Vec::new();
