@@ -450,6 +450,22 @@ fn triton_runs() -> &'static TritonRuns {
                         .unwrap();
                         st.synchronize().unwrap();
                         let unfused = (download(st, &pair_x), download(st, &res));
+                        // Each routing launch finds these zero and must leave them so: the next
+                        // counts its programs from zero and lists only its own marks.
+                        let (chosen, arrived) = (
+                            download(st, &scratch.chosen),
+                            download(st, &scratch.arrived),
+                        );
+                        assert!(
+                            chosen.iter().chain(&arrived).all(|&v| v == 0),
+                            "{path}, {tokens} tokens: moe_route left its marks or count set: \
+                             chosen {:?}, arrived {arrived:?}",
+                            chosen
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, &v)| v != 0)
+                                .collect::<Vec<_>>()
+                        );
                         let ids = download(st, &scratch.topk_ids)[..tokens * MOE.top_k].to_vec();
                         let logits =
                             download(st, &scratch.logits)[..tokens * (MOE.experts + 1)].to_vec();

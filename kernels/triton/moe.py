@@ -25,6 +25,7 @@ Layouts:
   logits       [tokens, E + 1] bf16   column E is the shared gate's logit
   topk_ids     [tokens, TOPK] i32, topk_w [tokens, TOPK] bf16 (descending probability)
   experts      [MAX_TOKENS * TOPK] i32: distinct chosen experts, ascending; n_experts [1] i32
+  chosen [E] i32, arrived [1] i32: moe_route's marks and arrival count, zero between launches
   w13          [E, 2 I, H] bf16       experts.gate_up_proj (gate rows first)
   shared_w13   [2 I, H] bf16          shared_expert gate_proj rows then up_proj rows
   h            [tokens * TOPK + tokens, I] bf16: row t * TOPK + k for token t's k-th expert,
@@ -61,42 +62,53 @@ def moe_router_logits(
 
 @triton.jit
 def moe_route(
-    logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, n_tokens,
+    logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, chosen_ptr, arrived_ptr, n_tokens,
     E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
 ):
     """Top TOPK of softmax(logits) per token, renormalised; and the distinct experts, sorted.
 
-    One program of one warp walks the tokens, so every reduction stays within the warp (no
-    barrier). Each pick is one max over keys that pack the probability's bits (non-negative
-    floats order as their bits) above `E - 1 - expert`, so ties between equal probabilities go
-    to the lower expert index. The softmax denominator cancels in the renormalisation, so
-    weights are exp(l - max) over the sum of the chosen ones (summed in pick order).
+    Grid: (tokens,). One program of one warp a token, so every reduction stays within the warp (no
+    barrier) and the tokens are routed side by side. Each pick is one max over keys that pack the
+    probability's bits (non-negative floats order as their bits) above `E - 1 - expert`, so ties
+    between equal probabilities go to the lower expert index. The softmax denominator cancels in
+    the renormalisation, so weights are exp(l - max) over the sum of the chosen ones (summed in
+    pick order).
+
+    Each program marks its experts in `chosen` [E] and then counts itself in `arrived` [1] (a
+    release); the last to arrive (its acquire sees every mark) writes the marked experts in
+    ascending order and their number, and zeroes `chosen` and `arrived` for the next launch. Both
+    must hold zeros before the first launch.
     """
+    t = tl.program_id(0)
     col = tl.arange(0, E)
     kc = tl.arange(0, TOPK)
-    present = tl.zeros([E], dtype=tl.int32)
-    for t in range(0, n_tokens):
-        logits = tl.load(logits_ptr + t * (E + 1) + col).to(tl.float32)
-        p = tl.exp(logits - tl.max(logits, axis=0))
-        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E - 1 - col).to(tl.int64)
-        ids = tl.zeros([TOPK], dtype=tl.int32)
-        best = tl.zeros([TOPK], dtype=tl.float32)
-        total = 0.0
-        for k in tl.static_range(TOPK):
-            top = tl.max(key, axis=0)
-            idx = (E - 1) - top.to(tl.int32)
-            prob = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            key = tl.where(col == idx, -1, key)
-            present = tl.where(col == idx, 1, present)
-            total += prob
-            ids = tl.where(kc == k, idx, ids)
-            best = tl.where(kc == k, prob, best)
-        tl.store(topk_ids_ptr + t * TOPK + kc, ids)
-        tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
+    logits = tl.load(logits_ptr + t * (E + 1) + col).to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, axis=0))
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E - 1 - col).to(tl.int64)
+    ids = tl.zeros([TOPK], dtype=tl.int32)
+    best = tl.zeros([TOPK], dtype=tl.float32)
+    total = 0.0
+    for k in tl.static_range(TOPK):
+        top = tl.max(key, axis=0)
+        idx = (E - 1) - top.to(tl.int32)
+        prob = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        key = tl.where(col == idx, -1, key)
+        total += prob
+        ids = tl.where(kc == k, idx, ids)
+        best = tl.where(kc == k, prob, best)
+    tl.store(topk_ids_ptr + t * TOPK + kc, ids)
+    tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
 
-    position = tl.cumsum(present, axis=0) - 1
-    tl.store(experts_ptr + position, col, mask=present != 0)
-    tl.store(n_experts_ptr, tl.sum(present, axis=0))
+    tl.store(chosen_ptr + ids, tl.full([TOPK], 1, dtype=tl.int32))
+    # Every lane's marks before the one release that counts this program.
+    tl.debug_barrier()
+    if tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu") == n_tokens - 1:
+        present = tl.load(chosen_ptr + col, volatile=True)
+        position = tl.cumsum(present, axis=0) - 1
+        tl.store(experts_ptr + position, col, mask=present != 0)
+        tl.store(n_experts_ptr, tl.sum(present, axis=0))
+        tl.store(chosen_ptr + col, tl.zeros([E], dtype=tl.int32))
+        tl.store(arrived_ptr, 0)
 
 
 @triton.jit
@@ -277,7 +289,7 @@ SPECS = [
         module="moe_route",
         kernel=moe_route,
         signature={"logits_ptr": _ptr, "topk_ids_ptr": "*i32", "topk_w_ptr": _ptr, "experts_ptr": "*i32",
-                   "n_experts_ptr": "*i32", "n_tokens": "i32"},
+                   "n_experts_ptr": "*i32", "chosen_ptr": "*i32", "arrived_ptr": "*i32", "n_tokens": "i32"},
         constexprs=dict(E=256, TOPK=8, MAX_TOKENS=16),
         num_warps=1,
         num_stages=1,

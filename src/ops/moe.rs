@@ -94,6 +94,11 @@ pub struct MoeScratch {
     /// The distinct chosen experts, ascending, and how many (`n_experts[0]`).
     pub experts: CudaSlice<i32>,
     pub n_experts: CudaSlice<i32>,
+    /// `[experts]` and `[1]`: the routing launch's marks of the chosen experts and its count of
+    /// routed tokens, through which the last token's program finds the distinct experts. Zero
+    /// between launches (each launch leaves them so); they must hold zeros before the first.
+    pub chosen: CudaSlice<i32>,
+    pub arrived: CudaSlice<i32>,
     /// `[tokens * top_k + tokens, inter]`: each (token, expert) pair's `silu(gate) * up`, then the shared expert's.
     pub h: CudaSlice<bf16>,
     /// `[tokens * top_k + tokens, hidden]`: each pair's down output times its routing weight, then
@@ -121,6 +126,8 @@ impl MoeScratch {
             topk_weights: stream.alloc_zeros(pairs).map_err(driver)?,
             experts: stream.alloc_zeros(pairs.max(1)).map_err(driver)?,
             n_experts: stream.alloc_zeros(1).map_err(driver)?,
+            chosen: stream.alloc_zeros(shape.experts).map_err(driver)?,
+            arrived: stream.alloc_zeros(1).map_err(driver)?,
             h: stream
                 .alloc_zeros((pairs + max_tokens) * shape.inter)
                 .map_err(driver)?,
@@ -293,6 +300,8 @@ fn forward(
         &[n_tokens, kk],
     )?;
     check_len(OP, "scratch.experts", &scratch.experts, &[n_tokens, kk])?;
+    check_len(OP, "scratch.chosen", &scratch.chosen, &[e])?;
+    check_len(OP, "scratch.arrived", &scratch.arrived, &[1])?;
     let mut n_experts = match n_experts {
         Some(v) => v,
         None => dev_mut(kernels, &mut scratch.n_experts),
@@ -324,15 +333,18 @@ fn forward(
             TritonArg::ScalarI32(tokens),
         ],
     )?;
+    // One program a token; the last to finish lists the distinct experts.
     route.launch(
         OP,
-        (1, 1, 1),
+        (grid("route programs", n_tokens)?, 1, 1),
         &mut [
             TritonArg::Bf16(&scratch.logits),
             TritonArg::I32Mut(&mut scratch.topk_ids),
             TritonArg::Bf16Mut(&mut scratch.topk_weights),
             TritonArg::I32Mut(&mut scratch.experts),
             TritonArg::I32ViewMut(n_experts.reborrow()),
+            TritonArg::I32Mut(&mut scratch.chosen),
+            TritonArg::I32Mut(&mut scratch.arrived),
             TritonArg::ScalarI32(tokens),
         ],
     )?;

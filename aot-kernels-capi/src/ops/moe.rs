@@ -11,6 +11,7 @@ use aot_kernels::ops::moe::{
     moe_forward, MoeLayer, MoeScratch, MoeShape, MODULE_COMBINE, MODULE_DOWN, MODULE_GATE_UP,
     MODULE_ROUTE, MODULE_ROUTER,
 };
+use aot_kernels::ops::OpsError;
 use half::bf16;
 
 use super::{aligned_parts, compiled_for, constexpr, ALIGN_VEC};
@@ -66,6 +67,8 @@ struct Layout {
     topk_weights: (usize, usize),
     experts: (usize, usize),
     n_experts: (usize, usize),
+    chosen: (usize, usize),
+    arrived: (usize, usize),
     h: (usize, usize),
     y: (usize, usize),
     bytes: usize,
@@ -81,20 +84,24 @@ fn layout(shape: &MoeShape, tokens: usize) -> Layout {
         pairs,
         pairs.max(1),
         1,
+        shape.experts,
+        1,
         rows * shape.inter,
         rows * shape.hidden,
     ];
-    // bf16, i32, bf16, i32, i32, bf16, bf16.
-    let sizes: [usize; 7] = [2, 4, 2, 4, 4, 2, 2];
-    let (at, bytes) = aligned_parts::<7>(std::array::from_fn(|j| elements[j] * sizes[j]));
+    // bf16, i32, bf16, i32, i32, i32, i32, bf16, bf16.
+    let sizes: [usize; 9] = [2, 4, 2, 4, 4, 4, 4, 2, 2];
+    let (at, bytes) = aligned_parts::<9>(std::array::from_fn(|j| elements[j] * sizes[j]));
     Layout {
         logits: (at[0], elements[0]),
         topk_ids: (at[1], elements[1]),
         topk_weights: (at[2], elements[2]),
         experts: (at[3], elements[3]),
         n_experts: (at[4], elements[4]),
-        h: (at[5], elements[5]),
-        y: (at[6], elements[6]),
+        chosen: (at[5], elements[5]),
+        arrived: (at[6], elements[6]),
+        h: (at[7], elements[7]),
+        y: (at[8], elements[8]),
         bytes,
     }
 }
@@ -106,6 +113,8 @@ struct Parts {
     topk_weights: DeviceArg<bf16>,
     experts: DeviceArg<i32>,
     n_experts: DeviceArg<i32>,
+    chosen: DeviceArg<i32>,
+    arrived: DeviceArg<i32>,
     h: DeviceArg<bf16>,
     y: DeviceArg<bf16>,
 }
@@ -126,6 +135,10 @@ impl Layout {
                 .expect(inside),
             n_experts: workspace
                 .part(self.n_experts.0, self.n_experts.1)
+                .expect(inside),
+            chosen: workspace.part(self.chosen.0, self.chosen.1).expect(inside),
+            arrived: workspace
+                .part(self.arrived.0, self.arrived.1)
                 .expect(inside),
             h: workspace.part(self.h.0, self.h.1).expect(inside),
             y: workspace.part(self.y.0, self.y.1).expect(inside),
@@ -219,6 +232,8 @@ impl CallerSlices for MoeScratch {
             self.topk_weights.leak(),
             self.experts.leak(),
             self.n_experts.leak(),
+            self.chosen.leak(),
+            self.arrived.leak(),
             self.h.leak(),
             self.y.leak(),
         );
@@ -367,6 +382,8 @@ pub unsafe extern "C" fn aot_moe_forward_bf16(
                     topk_weights: slice(s, parts.topk_weights),
                     experts: slice(s, parts.experts),
                     n_experts: slice(s, parts.n_experts),
+                    chosen: slice(s, parts.chosen),
+                    arrived: slice(s, parts.arrived),
                     h: slice(s, parts.h),
                     y: slice(s, parts.y),
                 }
@@ -379,6 +396,14 @@ pub unsafe extern "C" fn aot_moe_forward_bf16(
                 shared_gate_up: &shared_gate_up,
                 shared_down: &shared_down,
             };
+            // The routing launch counts its programs in `arrived` and marks experts in `chosen`,
+            // and needs both zero; the workspace holds nothing between calls, so zero them here.
+            let zero = |source| OpsError::Driver {
+                op: "moe_forward",
+                source,
+            };
+            s.memset_zeros(&mut scratch.chosen).map_err(zero)?;
+            s.memset_zeros(&mut scratch.arrived).map_err(zero)?;
             moe_forward(k, &shape, &layer, &x, n, &mut scratch, &mut out)
         })
     })
@@ -399,6 +424,8 @@ mod tests {
             assert_eq!(at.topk_weights.1, pairs);
             assert_eq!(at.experts.1, pairs);
             assert_eq!(at.n_experts.1, 1);
+            assert_eq!(at.chosen.1, shape.experts);
+            assert_eq!(at.arrived.1, 1);
             assert_eq!(at.h.1, rows * shape.inter);
             assert_eq!(
                 at.y,
@@ -410,6 +437,8 @@ mod tests {
                 (at.topk_weights, 2),
                 (at.experts, 4),
                 (at.n_experts, 4),
+                (at.chosen, 4),
+                (at.arrived, 4),
                 (at.h, 2),
                 (at.y, 2),
             ];
