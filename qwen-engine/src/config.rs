@@ -97,8 +97,8 @@ impl<'a> Fields<'a> {
         self.get(key).and_then(Value::as_str)
     }
 
-    /// A positive whole number that must be present, at most [`MAX_CONFIG_SIZE`] (no model size comes near it, and the
-    /// products of sizes stay far from overflow).
+    /// A positive whole number that must be present, at most [`MAX_CONFIG_SIZE`] (no model size
+    /// comes near it, and the products of sizes stay far from overflow).
     pub fn usize(&self, key: &str) -> Result<usize, ConfigError> {
         match self.get(key) {
             Some(v) => match v.as_u64().filter(|&n| n > 0) {
