@@ -22,7 +22,7 @@ use aot_kernels::ops::embedding::{embedding, embedding_reference};
 use aot_kernels::ops::gemv::{
     gemv, gemv_launch, gemv_reference, gemv_shape, gemv_with, norm_input_reference,
     norm_input_with_scales, residual_groups, residual_reference, silu_mul_reference, GemvInput,
-    GemvOptions, GemvOutput, GemvPart, MAX_TOKENS, MODULE, TILE_ROWS,
+    GemvOptions, GemvOutput, GemvPart, OutputNorm, MAX_TOKENS, MODULE, TILE_ROWS,
 };
 use aot_kernels::ops::rotary::cos_sin_cache;
 use aot_kernels::ops::{dev, dev_mut};
@@ -73,6 +73,15 @@ fn check_bf16_with(what: &str, got: &[bf16], want: &[bf16], ulps: u32, abs: impl
     );
 }
 
+/// The weight of the norm a residual-norm case applies (as `(1 + w)`): fixed values of both signs
+/// around zero, as zero-centred norms hold.
+fn out_norm_weight(n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0))
+        .collect()
+}
+const OUT_NORM_EPS: f32 = 1e-6;
+
 fn upload<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
     s.clone_htod(v).unwrap()
 }
@@ -83,6 +92,9 @@ enum Epi {
     Bf16,
     F32,
     Residual,
+    /// Residual, then the RMSNorm of the new h by the launch's last block: outputs `[normed | h |
+    /// ssq]`.
+    ResidualNorm,
     SiluMul,
     /// Bf16 into one output per part (these widths); gathered back into `[m][n]`.
     Parts(&'static [usize]),
@@ -192,11 +204,36 @@ fn run_gemv(
                 .map(|v| v.to_bits())
                 .collect()
         }
-        Epi::Residual => {
+        Epi::Residual | Epi::ResidualNorm => {
+            let with_norm = matches!(c.epi, Epi::ResidualNorm);
             let mut h = upload(s, &h0[..m * c.n]);
             let mut so = s
                 .alloc_zeros::<f32>(residual_groups(c.n) * MAX_TOKENS)
                 .unwrap();
+            let mut normed = s.alloc_zeros::<bf16>(m * c.n).unwrap();
+            let mut arrived = s.alloc_zeros::<i32>(1).unwrap();
+            let onw = upload(s, &out_norm_weight(c.n));
+            let output = if with_norm {
+                GemvOutput::ResidualNorm {
+                    h: dev_mut(kernels, &mut h),
+                    ld_h: c.n,
+                    ssq_out: dev_mut(kernels, &mut so),
+                    norm: OutputNorm {
+                        weight: dev(kernels, &onw),
+                        eps: OUT_NORM_EPS,
+                        weight_offset: 1.0,
+                    },
+                    normed: dev_mut(kernels, &mut normed),
+                    ld_normed: c.n,
+                    arrived: dev_mut(kernels, &mut arrived),
+                }
+            } else {
+                GemvOutput::Residual {
+                    h: dev_mut(kernels, &mut h),
+                    ld_h: c.n,
+                    ssq_out: dev_mut(kernels, &mut so),
+                }
+            };
             gemv_with(
                 kernels,
                 dev(kernels, &dw),
@@ -204,20 +241,26 @@ fn run_gemv(
                 c.k,
                 m,
                 &input,
-                GemvOutput::Residual {
-                    h: dev_mut(kernels, &mut h),
-                    ld_h: c.n,
-                    ssq_out: dev_mut(kernels, &mut so),
-                },
+                output,
                 options,
             )
             .unwrap();
-            let mut v: Vec<u32> = s
-                .clone_dtoh(&h)
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits() as u32)
-                .collect();
+            assert_eq!(
+                s.clone_dtoh(&arrived).unwrap(),
+                [0],
+                "{}: the last block must leave the arrival count zero",
+                c.name
+            );
+            // [normed (residual norm only) | h | sums of squares]
+            let bits = |v: &CudaSlice<bf16>| -> Vec<u32> {
+                s.clone_dtoh(v)
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits() as u32)
+                    .collect()
+            };
+            let mut v = if with_norm { bits(&normed) } else { Vec::new() };
+            v.extend(bits(&h));
             v.extend(s.clone_dtoh(&so).unwrap().iter().map(|f| f.to_bits()));
             v
         }
@@ -641,6 +684,30 @@ fn gemv_cases(sm_count: usize) -> Vec<GemvCase> {
             epi: Epi::Residual,
         },
         GemvCase {
+            // A Qwen3.6-35B-A3B layer's out_proj / o_proj with the post-mixer add and norm.
+            name: "A3B o_proj 2048x4096 residual norm",
+            n: 2048,
+            k: 4096,
+            norm: false,
+            epi: Epi::ResidualNorm,
+        },
+        GemvCase {
+            // Narrow blocks with two tiles each, and blocks past the tiles' pairs.
+            name: "narrow pairs, 3 x SMs + 1 tiles x 200, residual norm",
+            n: pair_tiles * 16,
+            k: 200,
+            norm: false,
+            epi: Epi::ResidualNorm,
+        },
+        GemvCase {
+            // Wide: warps take whole tiles, then the blocks meet at the count.
+            name: "wide 8 x SMs x 16 + 8 rows x 64, residual norm",
+            n: 8 * sm_count * 16 + 8,
+            k: 64,
+            norm: false,
+            epi: Epi::ResidualNorm,
+        },
+        GemvCase {
             name: "gate_up 19456x2560 norm silu",
             n: 19456,
             k: 2560,
@@ -1012,6 +1079,61 @@ fn gpu_gemv_residual_sums_of_squares_match_the_reference() {
                 );
             }
         }
+    });
+}
+
+/// Every residual-norm case on `auto` (see [`each_gemv_run`]), with the kernels.
+fn each_residual_norm_run(test: &str, mut check: impl FnMut(&LoadedKernels, &GemvCase, &GemvRun)) {
+    let sass = load_auto(&device());
+    let keep = |c: &GemvCase| matches!(c.epi, Epi::ResidualNorm);
+    each_gemv_run(test, sass.sm_count(), keep, |c, run| check(&sass, c, run));
+}
+
+/// A residual-norm launch writes the h and the sums of squares of the residual epilogue, bit for
+/// bit (the same epilogue code; the norm only reads them).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_residual_norm_h_and_sums_are_the_residual_epilogues() {
+    each_residual_norm_run("gemv-residual-norm-h", |sass, c, run| {
+        let residual = GemvCase {
+            epi: Epi::Residual,
+            ..*c
+        };
+        assert_eq!(
+            run.on(sass, c, false)[run.m * c.n..],
+            run.on(sass, &residual, false),
+            "{}: h or its sums differ from the residual epilogue's",
+            run.label(c)
+        );
+    });
+}
+
+/// The norm is that of the h the launch wrote, with every token's scale from the exact float64 sum
+/// of its squares: within an ulp, plus, for an element of `h * scale` that lies within the fp32
+/// sum's error (scale +- 1e-5, as `norm_flip_bound`) of a bf16 rounding boundary, the gap
+/// between its two roundings times (1 + w).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gemv_residual_norm_output_is_the_norm_of_its_h() {
+    each_residual_norm_run("gemv-residual-norm", |sass, c, run| {
+        let (m, n) = (run.m, c.n);
+        let got = bf16s(&run.on(sass, c, false));
+        let (normed, h) = (&got[..m * n], &got[m * n..2 * m * n]);
+        let nw = out_norm_weight(n);
+        let scales = |factor: f64| -> Vec<f64> {
+            h.chunks(n)
+                .map(|row| {
+                    let ss: f64 = row.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum();
+                    factor / (ss / n as f64 + f64::from(OUT_NORM_EPS)).sqrt()
+                })
+                .collect()
+        };
+        let want = norm_input_with_scales(h, n, &scales(1.0), &nw, 1.0);
+        let lo = norm_input_with_scales(h, n, &scales(1.0 - 1e-5), &nw, 1.0);
+        let hi = norm_input_with_scales(h, n, &scales(1.0 + 1e-5), &nw, 1.0);
+        check_bf16_with(&run.label(c), normed, &want, 1, |i| {
+            (hi[i].to_f32() - lo[i].to_f32()).abs()
+        });
     });
 }
 

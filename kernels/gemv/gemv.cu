@@ -24,10 +24,16 @@
 // The same chunks in the same order: the staged entries compute the same bits as the plain ones.
 // Only qkv and o_proj stage, and only overlapped: otherwise the stage's shared memory takes L1
 // that the streaming loads use and costs more than it hides.
-// Either way a result is complete inside one warp or one block: no workspace, no atomics, and the
+// Either way a tile's result is complete inside one warp or one block: no workspace, and the
 // order of every sum is fixed by the launch layout (the shapes and the SM count: whether a narrow
 // tile is split four or eight ways depends on the block count), never by timing. A token's result
 // never depends on the other tokens of the batch.
+//
+// The residual_norm epilogue is the one place blocks meet: each block, its tiles done, counts
+// itself in `arrived` (one acq_rel atomic after a block barrier), and the last to arrive,
+// which then sees every block's h and sums, adds each token's group sums in a fixed order, writes
+// `bf16((w + offset) * bf16(h * rsqrt(ssq / n + eps)))` for every token and sets `arrived` back
+// to zero for the next launch. Which block comes last changes nothing in the result.
 //
 // Prologue (the `_norm_` entries): x is the residual stream h; every block builds
 // `bf16((w + offset) * bf16(h * rsqrt(ssq / k + eps)))` in shared memory, ssq being the per-group
@@ -39,6 +45,10 @@
 //                            parts[i] from weight row part_start[i], part_ld[i] apart): one launch
 //                            for projections that share their input (a DeltaNet layer's four)
 //   residual                 h = bf16(h + bf16(y)); ssq[group] = sum h^2 (o_proj, down_proj)
+//   residual_norm            residual, then out = RMSNorm(h) by the last block to finish (below):
+//                            a layer's output projection, the add and the norm after it in one
+//                            launch, for a consumer that reads x rather than h and its sums
+//                            (plain-input entries only)
 //   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 8 rows
 //                            are gate rows, the last 8 up rows (virtual rows, see pair_offset)
 #include "aot_common.cuh"
@@ -64,7 +74,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3, kStoreParts = 4 };
+enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3, kStoreParts = 4, kResidualNorm = 5 };
 constexpr int kMoreParts = 3;  // parts after the first
 
 // Mirrored field for field by `GemvParams` in src/ops/gemv.rs (repr(C)).
@@ -87,12 +97,18 @@ struct GemvParams {
     int part_start[kMoreParts];   // store_parts: each later part's first weight row (a multiple of 16)
     int part_ld[kMoreParts];      // store_parts: its row stride
     int pad_;
+    const __nv_bfloat16* out_norm_w;  // residual_norm: [n], the norm's weight
+    __nv_bfloat16* normed;            // residual_norm: [m][ld_out] RMSNorm(h)
+    int* arrived;                     // residual_norm: blocks arrived; zero between launches
+    float out_eps;                    // residual_norm
+    float out_norm_offset;            // residual_norm: 0: w, 1: (1 + w)
 };
 
 struct Shared {
     float tile[kWarps][kMaxTokens][kTileRows];  // a tile's result, per warp
     float red[kWarps][32][4];                   // narrow: each warp's partial fragment
     float scale[kMaxTokens];
+    int last;  // residual_norm: this block arrived last
 };
 
 // The weight row behind virtual row `v`, or null past the end. With pair_offset (= I, the MLP
@@ -152,7 +168,8 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
             }
             break;
         }
-        case kResidual: {
+        case kResidual:
+        case kResidualNorm: {
             // Two tokens a pass: lanes 0-15 the rows of token 2q, lanes 16-31 those of token 2q + 1.
             float old[kMaxTokens / 2];
 #pragma unroll
@@ -391,6 +408,59 @@ __device__ __forceinline__ void norm_prologue(const GemvParams& p, Shared& s, __
     __syncthreads();
 }
 
+// residual_norm's tail (see the top of the file), run by every block after its tiles: the last
+// block to arrive writes normed = RMSNorm(h) for every token and resets the count.
+__device__ void residual_norm_tail(const GemvParams& p, Shared& s) {
+    __syncthreads();  // the block's h and sums stored
+    if (threadIdx.x == 0) {
+        // Release (the block's stores, ordered before by the barrier) and acquire (every earlier
+        // block's, for the last one) in one atomic, as cooperative groups' grid barrier does.
+        int before;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(p.arrived) : "memory");
+        s.last = before == static_cast<int>(gridDim.x) - 1;
+    }
+    __syncthreads();
+    if (!s.last) return;
+    // Every block's h and sums are read through L2 (.cg): this SM's L1 may hold older lines.
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int chunks = p.n / 8;
+    // A thread takes 16-byte chunks tid, tid + 256, ... of every token's row, all tokens' loads
+    // of a chunk in flight together with its one norm-weight load.
+    uint4 hv[kMaxTokens], wv;
+    auto load = [&](int c) {
+        wv = aot::ld_cached16(p.out_norm_w + c * 8);
+#pragma unroll
+        for (int r = 0; r < kMaxTokens; ++r) {
+            if (r < p.m) hv[r] = __ldcg(reinterpret_cast<const uint4*>(p.residual + static_cast<int64_t>(r) * p.ld_res + c * 8));
+        }
+    };
+    const int first = threadIdx.x;
+    if (first < chunks) load(first);  // in flight while the scales are summed
+    // Warp r adds token r's group sums: lane-strided shares, then a fixed butterfly.
+    if (warp < p.m) {
+        const int groups = (p.n + kTileRows - 1) / kTileRows;
+        float sum = 0.0f;
+#pragma unroll 4
+        for (int i = lane; i < groups; i += 32) sum += __ldcg(p.ssq_out + i * kMaxTokens + warp);
+        sum = aot::warp_sum(sum);
+        if (lane == 0) s.scale[warp] = rsqrtf(sum / static_cast<float>(p.n) + p.out_eps);
+    }
+    __syncthreads();
+    for (int c = first; c < chunks; c += kThreads) {
+        if (c != first) load(c);
+        float wf[8];
+        aot::unpack8(wv, wf);
+#pragma unroll
+        for (int r = 0; r < kMaxTokens; ++r) {
+            if (r >= p.m) break;
+            *reinterpret_cast<uint4*>(p.normed + static_cast<int64_t>(r) * p.ld_out + c * 8) =
+                norm8(hv[r], wf, s.scale[r], p.out_norm_offset);
+        }
+    }
+    if (threadIdx.x == 0) *p.arrived = 0;
+}
+
 // A tile's sums `acc` (rows g and g + 8, tokens 2t and 2t + 1: the mma's C fragment) through the
 // warp's tile buffer `tl` into the epilogue.
 __device__ __forceinline__ void finish_tile(const GemvParams& p, int tile, const float (&acc)[4],
@@ -487,6 +557,11 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
             first = nullptr;
         }
         if (tile < tiles) narrow_tile<kNormX, kWarps, kP>(p, s, tile, xrow, has_token, chunks, first);
+    }
+    // Plain-input entries only: the norm input reads h before other blocks' epilogues write it,
+    // so no launch both normalises its input and adds into h (the host refuses it).
+    if constexpr (!kNormX) {
+        if (p.epilogue == kResidualNorm) residual_norm_tail(p, s);
     }
 }
 

@@ -3,8 +3,9 @@
 //!
 //! - Input: plain rows `x`, or the residual stream `h` normalised on the fly
 //!   (`bf16((w + offset) * bf16(h * rsqrt(ssq / k + eps)))`, `ssq` the producer's sums of squares).
-//! - Output: bf16 or f32 rows; `h += y` with new sums of squares (o_proj, down); or SiLU-and-mul
-//!   of the `[gate; up]` rows (gate_up).
+//! - Output: bf16 or f32 rows; `h += y` with new sums of squares (o_proj, down), and optionally
+//!   the RMSNorm of the new h as well (a layer's output projection, the add and the norm after it
+//!   in one launch); or SiLU-and-mul of the `[gate; up]` rows (gate_up).
 //!
 //! How a projection is laid out over the GPU ([`gemv_shape`]) depends on its shape and the SM
 //! count only, never on the batch: a token's result is the same alone or with seven others.
@@ -87,6 +88,11 @@ struct GemvParams {
     part_start: [i32; MORE_PARTS],
     part_ld: [i32; MORE_PARTS],
     pad: i32,
+    out_norm_w: u64,
+    normed: u64,
+    arrived: u64,
+    out_eps: f32,
+    out_norm_offset: f32,
 }
 
 /// Parts after the first that a [`GemvOutput::Bf16Parts`] launch can write (`kMoreParts`).
@@ -95,7 +101,7 @@ const MORE_PARTS: usize = 3;
 /// The most parts a [`GemvOutput::Bf16Parts`] launch writes.
 pub const MAX_PARTS: usize = MORE_PARTS + 1;
 
-const _: () = assert!(std::mem::size_of::<GemvParams>() == 152);
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 184);
 
 // SAFETY: plain `repr(C)` data of integers and floats, laid out as the kernel's struct.
 unsafe impl DeviceRepr for GemvParams {}
@@ -175,7 +181,7 @@ pub struct GemvOptions {
 
 impl GemvOptions {
     /// Options with [`Self::overlap_previous`] set to `overlap`.
-    pub fn overlap_previous(overlap: bool) -> Self {
+    pub const fn overlap_previous(overlap: bool) -> Self {
         GemvOptions {
             overlap_previous: overlap,
         }
@@ -241,6 +247,22 @@ pub enum GemvOutput<'a> {
         ld_h: usize,
         ssq_out: DevMut<'a, f32>,
     },
+    /// [`GemvOutput::Residual`], then `normed = bf16((w + offset) * bf16(h * rsqrt(ssq / n +
+    /// eps)))` for every token over the n values of its new h: the add and the RMSNorm after a
+    /// layer's output projection, in its launch. The last block to finish writes `normed` (from
+    /// the blocks' sums of squares, added in a fixed order) and sets `arrived` back to zero, so it
+    /// must hold zero before the launch, and launches sharing it must not run concurrently. n a
+    /// multiple of 8; h and normed 16-byte aligned with row strides a multiple of 8; the input
+    /// [`GemvInput::Plain`] (the kernels with the norm prologue do not carry this epilogue).
+    ResidualNorm {
+        h: DevMut<'a, bf16>,
+        ld_h: usize,
+        ssq_out: DevMut<'a, f32>,
+        norm: OutputNorm<'a>,
+        normed: DevMut<'a, bf16>,
+        ld_normed: usize,
+        arrived: DevMut<'a, i32>,
+    },
     /// W holds `[gate; up]` (`2 * intermediate` rows): `act = silu(gate) * up`, `out[m][intermediate]`.
     SiluMul {
         out: DevMut<'a, bf16>,
@@ -256,6 +278,15 @@ pub enum GemvOutput<'a> {
     Bf16Parts {
         parts: Vec<GemvPart<'a>>,
     },
+}
+
+/// The RMSNorm a [`GemvOutput::ResidualNorm`] launch applies to the new h.
+pub struct OutputNorm<'a> {
+    /// `[n]`.
+    pub weight: DevRef<'a, bf16>,
+    pub eps: f32,
+    /// 0: `w`; 1: `(1 + w)` (the zero-centred norms of Qwen3.5/3.6).
+    pub weight_offset: f32,
 }
 
 /// One projection's output of a [`GemvOutput::Bf16Parts`] launch.
@@ -416,16 +447,44 @@ pub fn gemv_with(
         }
         GemvOutput::Residual { h, ld_h, ssq_out } => {
             check_out("h", h.len(), ld_h, n)?;
-            check_view(
-                op,
-                "ssq_out",
-                ssq_out.len(),
-                &[residual_groups(n), MAX_TOKENS],
-            )?;
-            p.residual = h.addr();
-            p.ld_res = to_i32(op, "ld_h", ld_h)?;
-            p.ssq_out = ssq_out.addr();
+            set_residual(&mut p, &h, ld_h, &ssq_out, n)?;
             p.epilogue = 2;
+        }
+        GemvOutput::ResidualNorm {
+            h,
+            ld_h,
+            ssq_out,
+            norm: out_norm,
+            normed,
+            ld_normed,
+            arrived,
+        } => {
+            if norm {
+                return Err(shape_err(
+                    "the residual-norm output takes a plain input: a norm input reads h before other blocks add into it; pass the normalised rows as GemvInput::Plain".into(),
+                ));
+            }
+            // The last block normalises in 16-byte chunks of 8 values.
+            if !n.is_multiple_of(8) || !ld_h.is_multiple_of(8) || !ld_normed.is_multiple_of(8) {
+                return Err(shape_err(format!(
+                    "the norm after the residual add reads 8 values at a time: n {n}, ld_h {ld_h} and ld_normed {ld_normed} must be multiples of 8"
+                )));
+            }
+            check_out("h", h.len(), ld_h, n)?;
+            check_out("normed", normed.len(), ld_normed, n)?;
+            check_aligned(op, "h", h.addr(), 16)?;
+            check_aligned(op, "normed", normed.addr(), 16)?;
+            check_view(op, "norm weight", out_norm.weight.len(), &[n])?;
+            check_aligned(op, "norm weight", out_norm.weight.addr(), 16)?;
+            check_view(op, "arrived", arrived.len(), &[1])?;
+            set_residual(&mut p, &h, ld_h, &ssq_out, n)?;
+            p.out_norm_w = out_norm.weight.addr();
+            p.out_eps = out_norm.eps;
+            p.out_norm_offset = out_norm.weight_offset;
+            p.normed = normed.addr();
+            p.ld_out = to_i32(op, "ld_normed", ld_normed)?;
+            p.arrived = arrived.addr();
+            p.epilogue = 5;
         }
         GemvOutput::SiluMul {
             out,
@@ -480,6 +539,27 @@ pub fn gemv_with(
         launch.programmatic,
         None,
     )
+}
+
+/// The residual epilogue's fields: h (its rows checked by the caller) and the sums of squares.
+fn set_residual(
+    p: &mut GemvParams,
+    h: &DevMut<'_, bf16>,
+    ld_h: usize,
+    ssq_out: &DevMut<'_, f32>,
+    n: usize,
+) -> Result<(), OpsError> {
+    let op = "gemv";
+    check_view(
+        op,
+        "ssq_out",
+        ssq_out.len(),
+        &[residual_groups(n), MAX_TOKENS],
+    )?;
+    p.residual = h.addr();
+    p.ld_res = to_i32(op, "ld_h", ld_h)?;
+    p.ssq_out = ssq_out.addr();
+    Ok(())
 }
 
 /// How [`gemv_with`] launches `n` rows (virtual rows for SiLU-and-mul) of `k` for `m` tokens on

@@ -26,7 +26,7 @@ use aot_kernels::device::{CudaGraph, CudaSlice};
 use aot_kernels::dispatch::{self, LoadedKernels, ModuleSource};
 use aot_kernels::ops::attention::{attn_scratch_needs, MAX_GROUP};
 use aot_kernels::ops::gated_delta_net::{GdnScratch, GdnShape};
-use aot_kernels::ops::gemv::MAX_TOKENS;
+use aot_kernels::ops::gemv::{residual_groups, MAX_TOKENS};
 use aot_kernels::ops::kv_cache::KV_BLOCK_TOKENS;
 use aot_kernels::ops::moe::{MoeScratch, MoeShape};
 use aot_kernels::registry::ModuleKind;
@@ -127,6 +127,11 @@ pub(super) struct HybridBuffers {
     pub h: CudaSlice<bf16>,
     pub x: CudaSlice<bf16>,
     pub y: CudaSlice<bf16>,
+    /// A decode pass's output projections: the new h's sums of squares per 16 rows, and the count
+    /// of the GEMV's blocks that finished (zero between launches), for the norm its last block
+    /// applies.
+    pub out_ssq: CudaSlice<f32>,
+    pub out_arrived: CudaSlice<i32>,
     /// Gated DeltaNet projections and output.
     pub gdn_qkv: CudaSlice<bf16>,
     pub gdn_z: CudaSlice<bf16>,
@@ -243,6 +248,8 @@ impl HybridGpuRunner {
             h: bf(t * h, "hidden")?,
             x: bf(t * h, "hidden")?,
             y: bf(t * h, "hidden")?,
+            out_ssq: f32s(residual_groups(h) * MAX_TOKENS, "output projection")?,
+            out_arrived: i32s(1, "output projection")?,
             gdn_qkv: bf(t * gdn.conv_dim(), "linear attention")?,
             gdn_z: bf(t * gdn.value_width(), "linear attention")?,
             gdn_b: bf(t * gdn.value_heads, "linear attention")?,

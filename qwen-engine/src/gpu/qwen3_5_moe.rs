@@ -5,13 +5,15 @@
 //! linear     gemv | gemm x4 in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (one GEMV in decode)
 //!            gdn            conv1d and state shift, the delta rule on the slot's state, gated norm
 //!                           (token by token in decode and prefill passes alike)
-//!            gemv/gemm      out_proj
+//!            gemv/gemm      out_proj (+ add + norm, below)
 //! attention  gemv/gemm      [queries | keys | values | gates]
 //!            decode:  attention (q/k norm (1 + w), RoPE, k and v into the cache, split-KV)
 //!            prefill: per sequence q/k norm, RoPE and cache write, then causal attention
 //!            output_gate    o *= sigmoid(gate)
-//!            gemv/gemm      o_proj
-//! both       add + norm     h += mixer; x = rmsnorm(h) * (1 + w_post)
+//!            gemv/gemm      o_proj (+ add + norm, below)
+//! both       add + norm     h += mixer; x = rmsnorm(h) * (1 + w_post): in a decode pass the
+//!                           output projection's GEMV does it (its last block applies the norm),
+//!                           in a prefill pass a launch after the GEMM
 //!            moe            router, top-k, the chosen experts and the shared expert (16 rows a call),
 //!                           its last launch also h += moe; x = rmsnorm(h) * (1 + w_next)
 //!                           (or the final norm)
@@ -29,7 +31,7 @@ use aot_kernels::ops::gated_delta_net::{
     gdn_recurrent, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
 };
 use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_w_view, GemmShape};
-use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart, OutputNorm};
 use aot_kernels::ops::kv_cache::BlockTable;
 use aot_kernels::ops::moe::{moe_forward_add_norm, MoeAddNorm, MoeLayer};
 use aot_kernels::ops::output_gate::sigmoid_gate_mul;
@@ -144,6 +146,10 @@ impl HybridGpuRunner {
         };
         for l in 0..layers {
             let lw = &w.layers[l];
+            let post_norm = PostNorm {
+                weight: &lw.post_norm,
+                params: &norm,
+            };
             match &lw.mixer {
                 MixerWeights::Linear(m) => {
                     let mut state = GdnState {
@@ -151,7 +157,17 @@ impl HybridGpuRunner {
                         conv: &mut conv_state[m.state_layer],
                         recurrent: &mut rec_state[m.state_layer],
                     };
-                    linear_mixer(&fixed, gdn, m, &mut state, b, seqs.len(), n, decode)?
+                    linear_mixer(
+                        &fixed,
+                        gdn,
+                        m,
+                        &mut state,
+                        b,
+                        seqs.len(),
+                        n,
+                        decode,
+                        &post_norm,
+                    )?
                 }
                 MixerWeights::Attention(m) => {
                     let l = m.cache_layer;
@@ -164,10 +180,10 @@ impl HybridGpuRunner {
                         seqs,
                         n,
                         decode,
+                        &post_norm,
                     )?
                 }
             }
-            fused_add_rmsnorm(kernels, &mut b.y, &mut b.h, &lw.post_norm, &norm)?;
             let moe = MoeLayer {
                 router: &lw.moe.router,
                 shared_gate: &lw.moe.shared_gate,
@@ -300,7 +316,8 @@ struct Fixed<'a> {
     ld_bt: usize,
 }
 
-/// A Gated DeltaNet layer: `b.x` in, `b.y` out; advances the sequences' state slots.
+/// A Gated DeltaNet layer: `b.x` in; adds its output to `b.h` and leaves the post-mixer norm of
+/// the sum in `b.y`; advances the sequences' state slots.
 #[allow(clippy::too_many_arguments)]
 fn linear_mixer(
     f: &Fixed<'_>,
@@ -311,9 +328,9 @@ fn linear_mixer(
     n_seqs: usize,
     n: usize,
     decode: bool,
+    post_norm: &PostNorm<'_>,
 ) -> Result<(), OpsError> {
     let kernels = f.kernels;
-    let h = f.cfg.hidden_size;
     in_proj(kernels, f.cfg, m, b, n, decode)?;
     let layer = GdnLayer {
         conv_weight: &m.conv,
@@ -347,15 +364,89 @@ fn linear_mixer(
         &mut b.gdn_scratch,
         &mut b.gdn_out,
     )?;
-    project(
+    out_proj_add_norm(
+        f,
         decode,
-        kernels,
         &m.out,
-        h,
         g.value_width(),
         n,
-        &b.gdn_out,
-        &mut b.y,
+        MixerOutput::Linear,
+        post_norm,
+        b,
+    )
+}
+
+/// The post-mixer norm: its weight and the pass's norm shape.
+struct PostNorm<'a> {
+    weight: &'a CudaSlice<bf16>,
+    params: &'a RmsNormParams,
+}
+
+/// Which mixer's output a layer projects: `b.gdn_out` or `b.attn`.
+#[derive(Clone, Copy)]
+enum MixerOutput {
+    Linear,
+    Attention,
+}
+
+/// A mixer's output projection of its output rows (`[n][k]`), added to the residual stream, then
+/// the post-mixer norm: `h += out W^T; y = rmsnorm(h) * (1 + w_post)`. A decode pass does all of it
+/// in the GEMV, whose last block applies the norm (one launch); a prefill pass runs the GEMM,
+/// then `fused_add_rmsnorm`. Both add `bf16(h + bf16(o))`; the norms' sums of squares run in
+/// another order (per 16 rows, then in order; one block's strided sum).
+#[allow(clippy::too_many_arguments)]
+fn out_proj_add_norm(
+    f: &Fixed<'_>,
+    decode: bool,
+    w: &CudaSlice<bf16>,
+    k: usize,
+    n: usize,
+    mixer: MixerOutput,
+    post_norm: &PostNorm<'_>,
+    b: &mut HybridBuffers,
+) -> Result<(), OpsError> {
+    let kernels = f.kernels;
+    let h = f.cfg.hidden_size;
+    let HybridBuffers {
+        h: residual,
+        y,
+        out_ssq,
+        out_arrived,
+        gdn_out,
+        attn,
+        ..
+    } = b;
+    let input = match mixer {
+        MixerOutput::Linear => &*gdn_out,
+        MixerOutput::Attention => &*attn,
+    };
+    if !decode {
+        gemm_bf16(kernels, y, input, w, &GemmShape::dense(n, h, k))?;
+        return fused_add_rmsnorm(kernels, y, residual, post_norm.weight, post_norm.params);
+    }
+    gemv(
+        kernels,
+        dev(kernels, w),
+        h,
+        k,
+        n,
+        &GemvInput::Plain {
+            x: dev(kernels, input),
+            ld_x: k,
+        },
+        GemvOutput::ResidualNorm {
+            h: dev_mut(kernels, residual),
+            ld_h: h,
+            ssq_out: dev_mut(kernels, out_ssq),
+            norm: OutputNorm {
+                weight: dev(kernels, post_norm.weight),
+                eps: post_norm.params.eps,
+                weight_offset: post_norm.params.weight_offset,
+            },
+            normed: dev_mut(kernels, y),
+            ld_normed: h,
+            arrived: dev_mut(kernels, out_arrived),
+        },
     )
 }
 
@@ -412,7 +503,8 @@ fn in_proj(
     Ok(())
 }
 
-/// A gated attention layer: `b.x` in, `b.y` out; writes the rows' keys and values.
+/// A gated attention layer: `b.x` in; adds its output to `b.h` and leaves the post-mixer norm of
+/// the sum in `b.y`; writes the rows' keys and values.
 #[allow(clippy::too_many_arguments)]
 fn attention_mixer(
     f: &Fixed<'_>,
@@ -423,6 +515,7 @@ fn attention_mixer(
     seqs: &[PassSeq],
     n: usize,
     decode: bool,
+    post_norm: &PostNorm<'_>,
 ) -> Result<(), OpsError> {
     let (c, kernels) = (f.cfg, f.kernels);
     let (h, d, nh, kv) = (
@@ -531,5 +624,14 @@ fn attention_mixer(
         n,
         q_dim,
     )?;
-    project(decode, kernels, &m.o, h, q_dim, n, &b.attn, &mut b.y)
+    out_proj_add_norm(
+        f,
+        decode,
+        &m.o,
+        q_dim,
+        n,
+        MixerOutput::Attention,
+        post_norm,
+        b,
+    )
 }
