@@ -467,6 +467,24 @@ fn triton_runs() -> &'static TritonRuns {
                                 .collect::<Vec<_>>()
                         );
                         let ids = download(st, &scratch.topk_ids)[..tokens * MOE.top_k].to_vec();
+                        // The list gate/up and down walk: the distinct experts of the routing,
+                        // ascending (one token's ranks its own picks, more tokens' goes through
+                        // the marks).
+                        let distinct: Vec<i32> = ids
+                            .iter()
+                            .copied()
+                            .collect::<std::collections::BTreeSet<_>>()
+                            .into_iter()
+                            .collect();
+                        let n_listed = download(st, &scratch.n_experts)[0] as usize;
+                        assert_eq!(
+                            (
+                                n_listed,
+                                &download(st, &scratch.experts)[..n_listed.min(tokens * MOE.top_k)]
+                            ),
+                            (distinct.len(), &distinct[..]),
+                            "{path}, {tokens} tokens: the listed experts"
+                        );
                         let logits =
                             download(st, &scratch.logits)[..tokens * (MOE.experts + 1)].to_vec();
                         let weights =

@@ -74,10 +74,11 @@ def moe_route(
     the renormalisation, so weights are exp(l - max) over the sum of the chosen ones (summed in
     pick order).
 
-    Each program marks its experts in `chosen` [E] and then counts itself in `arrived` [1] (a
-    release); the last to arrive (its acquire sees every mark) writes the marked experts in
-    ascending order and their number, and zeroes `chosen` and `arrived` for the next launch. Both
-    must hold zeros before the first launch.
+    With several tokens, each program marks its experts in `chosen` [E] and then counts itself in
+    `arrived` [1] (a release); the last to arrive (its acquire sees every mark) writes the marked
+    experts in ascending order and their number, and zeroes `chosen` and `arrived` for the next
+    launch. Both must hold zeros before the first launch. A single token's program lists its own
+    picks, sorted, and leaves both untouched.
     """
     t = tl.program_id(0)
     col = tl.arange(0, E)
@@ -99,16 +100,23 @@ def moe_route(
     tl.store(topk_ids_ptr + t * TOPK + kc, ids)
     tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
 
-    tl.store(chosen_ptr + ids, tl.full([TOPK], 1, dtype=tl.int32))
-    # Every lane's marks before the one release that counts this program.
-    tl.debug_barrier()
-    if tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu") == n_tokens - 1:
-        present = tl.load(chosen_ptr + col, volatile=True)
-        position = tl.cumsum(present, axis=0) - 1
-        tl.store(experts_ptr + position, col, mask=present != 0)
-        tl.store(n_experts_ptr, tl.sum(present, axis=0))
-        tl.store(chosen_ptr + col, tl.zeros([E], dtype=tl.int32))
-        tl.store(arrived_ptr, 0)
+    if n_tokens == 1:
+        # One token: its TOPK picks (distinct: each is masked once taken) are the distinct experts,
+        # listed in ascending order by rank; no marks and no count, so no atomic round trip.
+        rank = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)
+        tl.store(experts_ptr + rank, ids)
+        tl.store(n_experts_ptr, TOPK)
+    else:
+        tl.store(chosen_ptr + ids, tl.full([TOPK], 1, dtype=tl.int32))
+        # Every lane's marks before the one release that counts this program.
+        tl.debug_barrier()
+        if tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu") == n_tokens - 1:
+            present = tl.load(chosen_ptr + col, volatile=True)
+            position = tl.cumsum(present, axis=0) - 1
+            tl.store(experts_ptr + position, col, mask=present != 0)
+            tl.store(n_experts_ptr, tl.sum(present, axis=0))
+            tl.store(chosen_ptr + col, tl.zeros([E], dtype=tl.int32))
+            tl.store(arrived_ptr, 0)
 
 
 @triton.jit
