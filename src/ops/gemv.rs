@@ -181,7 +181,7 @@ pub struct GemvOptions {
 
 impl GemvOptions {
     /// Options with [`Self::overlap_previous`] set to `overlap`.
-    pub const fn overlap_previous(overlap: bool) -> Self {
+    pub fn overlap_previous(overlap: bool) -> Self {
         GemvOptions {
             overlap_previous: overlap,
         }

@@ -95,8 +95,9 @@ pub struct MoeScratch {
     pub experts: CudaSlice<i32>,
     pub n_experts: CudaSlice<i32>,
     /// `[experts]` and `[1]`: the routing launch's marks of the chosen experts and its count of
-    /// routed tokens, through which the last token's program finds the distinct experts. Zero
-    /// between launches (each launch leaves them so); they must hold zeros before the first.
+    /// routed tokens, through which the last token's program finds the distinct experts (a launch
+    /// of one token uses neither). Zero between launches (each launch leaves them so); they must
+    /// hold zeros before the first.
     pub chosen: CudaSlice<i32>,
     pub arrived: CudaSlice<i32>,
     /// `[tokens * top_k + tokens, inter]`: each (token, expert) pair's `silu(gate) * up`, then the shared expert's.
@@ -333,7 +334,8 @@ fn forward(
             TritonArg::ScalarI32(tokens),
         ],
     )?;
-    // One program a token; the last to finish lists the distinct experts.
+    // One program a token; the last to finish lists the distinct experts (a single token's
+    // program lists its own picks).
     route.launch(
         OP,
         (grid("route programs", n_tokens)?, 1, 1),
