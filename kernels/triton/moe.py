@@ -11,7 +11,8 @@ transformers' index_add_ loop does); the shared expert's output times bf16(sigmo
 is added last.
 
 Five launches: router logits (all experts and the shared gate, all tokens) -> routing (top 8,
-weights, and the sorted list of distinct experts the batch chose) -> gate/up of the chosen experts
+weights, and the sorted list of distinct experts the batch chose; for a single token the router
+launch's last program routes it, `fold`, one launch fewer) -> gate/up of the chosen experts
 and the shared expert -> their down projections, weighted -> the combination in expert order.
 Each chosen expert's weights are read once per launch, whichever tokens chose it; unchosen
 experts' weights are never read. An engine whose next step is the residual add and an RMSNorm
@@ -25,7 +26,8 @@ Layouts:
   logits       [tokens, E + 1] bf16   column E is the shared gate's logit
   topk_ids     [tokens, TOPK] i32, topk_w [tokens, TOPK] bf16 (descending probability)
   experts      [MAX_TOKENS * TOPK] i32: distinct chosen experts, ascending; n_experts [1] i32
-  chosen [E] i32, arrived [1] i32: moe_route's marks and arrival count, zero between launches
+  chosen [E] i32, arrived [1] i32: moe_route's marks and arrival count (at one token the router's
+               count of its programs), zero between launches
   w13          [E, 2 I, H] bf16       experts.gate_up_proj (gate rows first)
   shared_w13   [2 I, H] bf16          shared_expert gate_proj rows then up_proj rows
   h            [tokens * TOPK + tokens, I] bf16: row t * TOPK + k for token t's k-th expert,
@@ -42,10 +44,24 @@ import triton.language as tl
 
 @triton.jit
 def moe_router_logits(
-    x_ptr, router_w_ptr, shared_gate_w_ptr, logits_ptr, n_tokens,
-    H: tl.constexpr, E: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, router_w_ptr, shared_gate_w_ptr, logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr,
+    arrived_ptr, n_tokens, fold,
+    H: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    """logits[t, e] = bf16(x[t] . router_w[e]) for e < E, and the shared gate's logit at e = E."""
+    """logits[t, e] = bf16(x[t] . router_w[e]) for e < E, and the shared gate's logit at e = E.
+
+    Grid: ((E + 1) / BLOCK_E,), one warp a program: with a few rows a program the router's 1 MB
+    streams from every SM at once. Each token's dot products are fp32 sums of the products, the
+    same tree whatever the number of tokens (no tensor-core tile whose width follows the batch), so
+    a token's logits do not depend on the others.
+
+    With `fold` set (the engine sets it for a single token), the launch also does moe_route's work:
+    each program, its logits stored, counts itself in `arrived` [1] (a release), and the last to
+    arrive (its acquire sees every program's logits) routes token 0 with moe_route's code, so the
+    same ids and weights, and sets `arrived` back to zero (it must hold zero before the launch).
+    Without `fold` the routing pointers are not touched.
+    """
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.arange(0, MAX_TOKENS)
     kk = tl.arange(0, BLOCK_K)
@@ -54,10 +70,55 @@ def moe_router_logits(
         k = k0 + kk
         w = tl.load(router_w_ptr + e[:, None] * H + k[None, :], mask=(e < E)[:, None], other=0.0)
         w += tl.load(shared_gate_w_ptr + (e * 0)[:, None] + k[None, :], mask=(e == E)[:, None], other=0.0)
-        x = tl.load(x_ptr + t[:, None] * H + k[None, :], mask=(t < n_tokens)[:, None], other=0.0)
-        acc += tl.dot(w, tl.trans(x))
+        for j in range(0, n_tokens):
+            x = tl.load(x_ptr + j * H + k).to(tl.float32)
+            part = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            acc = tl.where(t[None, :] == j, acc + part[:, None], acc)
     tl.store(logits_ptr + t[None, :] * (E + 1) + e[:, None], acc.to(tl.bfloat16),
              mask=(e <= E)[:, None] & (t < n_tokens)[None, :])
+    if fold != 0:
+        # Every lane's logits before the one release that counts this program.
+        tl.debug_barrier()
+        if tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+            ids = _route_token(logits_ptr, topk_ids_ptr, topk_w_ptr, 0, E, TOPK)
+            _list_picks(experts_ptr, n_experts_ptr, ids, TOPK)
+            tl.store(arrived_ptr, 0)
+
+
+@triton.jit
+def _route_token(logits_ptr, topk_ids_ptr, topk_w_ptr, t, E: tl.constexpr, TOPK: tl.constexpr):
+    """Token t's top TOPK of softmax(logits), renormalised, stored; returns the ids. The logits are
+    read through L2 (.cg): in the router's fold other SMs wrote them during the same launch. Every
+    step is exact or elementwise (maxima over packed keys, the picks' sum in pick order), so the
+    result does not depend on the launch's warp count."""
+    col = tl.arange(0, E)
+    kc = tl.arange(0, TOPK)
+    logits = tl.load(logits_ptr + t * (E + 1) + col, cache_modifier=".cg").to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, axis=0))
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E - 1 - col).to(tl.int64)
+    ids = tl.zeros([TOPK], dtype=tl.int32)
+    best = tl.zeros([TOPK], dtype=tl.float32)
+    total = 0.0
+    for k in tl.static_range(TOPK):
+        top = tl.max(key, axis=0)
+        idx = (E - 1) - top.to(tl.int32)
+        prob = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        key = tl.where(col == idx, -1, key)
+        total += prob
+        ids = tl.where(kc == k, idx, ids)
+        best = tl.where(kc == k, prob, best)
+    tl.store(topk_ids_ptr + t * TOPK + kc, ids)
+    tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
+    return ids
+
+
+@triton.jit
+def _list_picks(experts_ptr, n_experts_ptr, ids, TOPK: tl.constexpr):
+    """One token: its TOPK picks (distinct: each is masked once taken) are the distinct experts,
+    listed in ascending order by rank; no marks and no count, so no atomic round trip."""
+    rank = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)
+    tl.store(experts_ptr + rank, ids)
+    tl.store(n_experts_ptr, TOPK)
 
 
 @triton.jit
@@ -82,30 +143,9 @@ def moe_route(
     """
     t = tl.program_id(0)
     col = tl.arange(0, E)
-    kc = tl.arange(0, TOPK)
-    logits = tl.load(logits_ptr + t * (E + 1) + col).to(tl.float32)
-    p = tl.exp(logits - tl.max(logits, axis=0))
-    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E - 1 - col).to(tl.int64)
-    ids = tl.zeros([TOPK], dtype=tl.int32)
-    best = tl.zeros([TOPK], dtype=tl.float32)
-    total = 0.0
-    for k in tl.static_range(TOPK):
-        top = tl.max(key, axis=0)
-        idx = (E - 1) - top.to(tl.int32)
-        prob = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-        key = tl.where(col == idx, -1, key)
-        total += prob
-        ids = tl.where(kc == k, idx, ids)
-        best = tl.where(kc == k, prob, best)
-    tl.store(topk_ids_ptr + t * TOPK + kc, ids)
-    tl.store(topk_w_ptr + t * TOPK + kc, (best / total).to(tl.bfloat16))
-
+    ids = _route_token(logits_ptr, topk_ids_ptr, topk_w_ptr, t, E, TOPK)
     if n_tokens == 1:
-        # One token: its TOPK picks (distinct: each is masked once taken) are the distinct experts,
-        # listed in ascending order by rank; no marks and no count, so no atomic round trip.
-        rank = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)
-        tl.store(experts_ptr + rank, ids)
-        tl.store(n_experts_ptr, TOPK)
+        _list_picks(experts_ptr, n_experts_ptr, ids, TOPK)
     else:
         tl.store(chosen_ptr + ids, tl.full([TOPK], 1, dtype=tl.int32))
         # Every lane's marks before the one release that counts this program.
@@ -288,10 +328,11 @@ SPECS = [
         module="moe_router",
         kernel=moe_router_logits,
         signature={"x_ptr": _ptr, "router_w_ptr": _ptr, "shared_gate_w_ptr": _ptr, "logits_ptr": _ptr,
-                   "n_tokens": "i32"},
-        constexprs=dict(H=2048, E=256, MAX_TOKENS=16, BLOCK_E=16, BLOCK_K=512),
-        num_warps=4,
-        num_stages=3,
+                   "topk_ids_ptr": "*i32", "topk_w_ptr": _ptr, "experts_ptr": "*i32", "n_experts_ptr": "*i32",
+                   "arrived_ptr": "*i32", "n_tokens": "i32", "fold": "i32"},
+        constexprs=dict(H=2048, E=256, TOPK=8, MAX_TOKENS=16, BLOCK_E=2, BLOCK_K=2048),
+        num_warps=1,
+        num_stages=1,
     ),
     dict(
         module="moe_route",

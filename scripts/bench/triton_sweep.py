@@ -145,13 +145,19 @@ def main():
         router_w = torch.randn(SETS, E, H, **bf) * 0.02
         shared_gate = torch.randn(SETS, H, **bf) * 0.02
         logits = torch.empty(MT, E + 1, **bf)
+        # The routing outputs of the one-token fold, which the sweep leaves off (fold 0).
+        r_ids = torch.zeros(MT * K, dtype=torch.int32, device="cuda")
+        r_w = torch.zeros(MT * K, **bf)
+        r_experts = torch.zeros(MT * K, dtype=torch.int32, device="cuda")
+        r_count = torch.zeros(2, dtype=torch.int32, device="cuda")
         s = spec("moe_router")
         base = dict(s["constexprs"], num_warps=s["num_warps"], num_stages=s["num_stages"])
-        configs = candidates(base, dict(BLOCK_K=[128, 256, 512], num_warps=[4, 8], num_stages=[3, 4, 6, 8]))
+        configs = candidates(base, dict(BLOCK_E=[1, 2, 4, 8], BLOCK_K=[512, 1024, 2048], num_warps=[1, 2, 4]))
 
         def launch_router(cfg, i, n):
             grid = (triton.cdiv(E + 1, cfg["BLOCK_E"]),)
-            moe.moe_router_logits[grid](x, router_w[i], shared_gate[i], logits, n, **cfg)
+            moe.moe_router_logits[grid](x, router_w[i], shared_gate[i], logits, r_ids, r_w, r_experts, r_count,
+                                        r_count[1:], n, 0, **cfg)
 
         for n in map(int, args.tokens.split(",")):
             run("router", n, configs, lambda cfg, i: launch_router(cfg, i, n), logits[:n], (E + 1) * H * 2)

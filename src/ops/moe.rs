@@ -1,6 +1,7 @@
 //! The MoE block of Qwen3.5 / Qwen3.6-35B-A3B for decode batches of 1..`max_tokens` tokens, on
 //! the Triton modules `moe_router`, `moe_route`, `moe_gate_up`, `moe_down` and `moe_combine`
-//! (kernels/triton/moe.py), with a CPU reference. [`moe_forward_add_norm`] ends with
+//! (kernels/triton/moe.py), with a CPU reference. A single token skips `moe_route`: the router
+//! launch's last program routes it. [`moe_forward_add_norm`] ends with
 //! `moe_combine_norm` instead: the decoder layer's residual add and next RMSNorm in the same
 //! launch as the combination.
 //!
@@ -53,6 +54,10 @@ pub const LAUNCHED: &[(&str, &str)] = &[
 /// the weight stream in flight (with 32-output items on the H200, 16 against 8: 32.8 against 36.7
 /// us a call at 8 tokens, the same at 1; `scripts/bench/triton_sweep.py`).
 const PROGRAMS_PER_SM: usize = 16;
+/// Up to this many tokens the router launch's last program routes the tokens itself (moe_route's
+/// code, so the same ids and weights) instead of a `moe_route` launch, which routes several tokens
+/// side by side, a program each. One launch fewer a layer at one token (docs/engine.md).
+pub const ROUTE_IN_ROUTER_MAX_TOKENS: usize = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
@@ -95,9 +100,9 @@ pub struct MoeScratch {
     pub experts: CudaSlice<i32>,
     pub n_experts: CudaSlice<i32>,
     /// `[experts]` and `[1]`: the routing launch's marks of the chosen experts and its count of
-    /// routed tokens, through which the last token's program finds the distinct experts (a launch
-    /// of one token uses neither). Zero between launches (each launch leaves them so); they must
-    /// hold zeros before the first.
+    /// routed tokens, through which the last token's program finds the distinct experts. A single
+    /// token is routed in the router launch, whose programs count themselves in `arrived` instead.
+    /// Zero between launches (each launch leaves them so); they must hold zeros before the first.
     pub chosen: CudaSlice<i32>,
     pub arrived: CudaSlice<i32>,
     /// `[tokens * top_k + tokens, inter]`: each (token, expert) pair's `silu(gate) * up`, then the shared expert's.
@@ -316,11 +321,13 @@ fn forward(
     check_len(OP, "scratch.y", &scratch.y, &[n_tokens * (kk + 1), h])?;
     let tokens = n_tokens as i32;
 
+    // At one token the router's last program routes it (moe_route's code), so no routing launch.
+    let route_in_router = n_tokens <= ROUTE_IN_ROUTER_MAX_TOKENS;
     router.launch(
         OP,
         (
             grid(
-                "router blocks",
+                "router programs",
                 (e + 1).div_ceil(router.constexpr(OP, "BLOCK_E")?),
             )?,
             1,
@@ -331,25 +338,33 @@ fn forward(
             TritonArg::Bf16(layer.router),
             TritonArg::Bf16(layer.shared_gate),
             TritonArg::Bf16Mut(&mut scratch.logits),
-            TritonArg::ScalarI32(tokens),
-        ],
-    )?;
-    // One program a token; the last to finish lists the distinct experts (a single token's
-    // program lists its own picks).
-    route.launch(
-        OP,
-        (grid("route programs", n_tokens)?, 1, 1),
-        &mut [
-            TritonArg::Bf16(&scratch.logits),
             TritonArg::I32Mut(&mut scratch.topk_ids),
             TritonArg::Bf16Mut(&mut scratch.topk_weights),
             TritonArg::I32Mut(&mut scratch.experts),
             TritonArg::I32ViewMut(n_experts.reborrow()),
-            TritonArg::I32Mut(&mut scratch.chosen),
+            // Zero before (each launch that counts in it leaves it so); the fold leaves it zero.
             TritonArg::I32Mut(&mut scratch.arrived),
             TritonArg::ScalarI32(tokens),
+            TritonArg::ScalarI32(i32::from(route_in_router)),
         ],
     )?;
+    if !route_in_router {
+        // One program a token; the last to finish lists the distinct experts.
+        route.launch(
+            OP,
+            (grid("route programs", n_tokens)?, 1, 1),
+            &mut [
+                TritonArg::Bf16(&scratch.logits),
+                TritonArg::I32Mut(&mut scratch.topk_ids),
+                TritonArg::Bf16Mut(&mut scratch.topk_weights),
+                TritonArg::I32Mut(&mut scratch.experts),
+                TritonArg::I32ViewMut(n_experts.reborrow()),
+                TritonArg::I32Mut(&mut scratch.chosen),
+                TritonArg::I32Mut(&mut scratch.arrived),
+                TritonArg::ScalarI32(tokens),
+            ],
+        )?;
+    }
     // One slot per possible distinct expert, then the shared expert's.
     let slots = n_tokens * kk + 1;
     gate_up.launch(
