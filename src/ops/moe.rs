@@ -54,10 +54,6 @@ pub const LAUNCHED: &[(&str, &str)] = &[
 /// the weight stream in flight (with 32-output items on the H200, 16 against 8: 32.8 against 36.7
 /// us a call at 8 tokens, the same at 1; `scripts/bench/triton_sweep.py`).
 const PROGRAMS_PER_SM: usize = 16;
-/// Up to this many tokens the router launch's last program routes the tokens itself (moe_route's
-/// code, so the same ids and weights) instead of a `moe_route` launch, which routes several tokens
-/// side by side, a program each. One launch fewer a layer at one token (docs/engine.md).
-pub const ROUTE_IN_ROUTER_MAX_TOKENS: usize = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
@@ -321,8 +317,10 @@ fn forward(
     check_len(OP, "scratch.y", &scratch.y, &[n_tokens * (kk + 1), h])?;
     let tokens = n_tokens as i32;
 
-    // At one token the router's last program routes it (moe_route's code), so no routing launch.
-    let route_in_router = n_tokens <= ROUTE_IN_ROUTER_MAX_TOKENS;
+    // A single token is routed by the router's last program (moe_route's code, so the same ids and
+    // weights): one launch fewer a layer (docs/engine.md). The kernel's fold routes token 0 only;
+    // more tokens take moe_route, a program each side by side.
+    let route_in_router = n_tokens == 1;
     router.launch(
         OP,
         (
