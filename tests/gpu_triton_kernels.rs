@@ -14,12 +14,14 @@ mod triton_common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use aot_kernels::device::CudaSlice;
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
 use aot_kernels::ops::compare::ulp_distance;
 use aot_kernels::ops::gated_delta_net::{
-    gdn_decode, gdn_prefill, gdn_recurrent, gdn_reference, GdnParamsHost, GdnScratch, GdnState,
-    SeqSpec,
+    conv1d_reference, gdn_decode, gdn_decode_convolved, gdn_prefill, gdn_recurrent, gdn_reference,
+    GdnInputs, GdnParamsHost, GdnScratch, GdnState, SeqSpec,
 };
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart, PartsConv};
 use aot_kernels::ops::moe::{
     moe_forward, moe_forward_add_norm, moe_reference, moe_reference_from_logits,
     moe_router_logits_reference, routing_margin_ulps, MoeAddNorm, MoeLayer, MoeReference,
@@ -1117,4 +1119,202 @@ fn gpu_gdn_decode_refuses_more_tokens_than_sequences() {
         err.contains("a decode step takes one token per sequence: 188 tokens for 3 sequences"),
         "{err}"
     );
+}
+
+/// One decode step of a DeltaNet layer both ways from the same states: the in-projection GEMV
+/// storing its parts, then `gdn_decode` (conv launch + delta rule); and the GEMV whose epilogue
+/// runs the conv (`Bf16PartsConv`), then `gdn_decode_convolved`. Returns, per way, the conv
+/// output, the z / b / a parts, the conv states, the recurrent states and the layer's output.
+struct ConvFoldRun {
+    raw_qkv: Vec<bf16>,
+    ways: [ConvFoldWay; 2],
+}
+
+/// Conv output, z / b / a, conv states, recurrent states, the layer's output.
+type ConvFoldWay = (Vec<bf16>, Vec<bf16>, Vec<bf16>, Vec<f32>, Vec<bf16>);
+
+fn run_conv_fold(
+    kernels: &LoadedKernels,
+    rng: &mut impl Rng,
+    fixture: &GdnFixture,
+    lens_slots_has: (&[usize], &[bool]),
+) -> ConvFoldRun {
+    let st = kernels.stream();
+    let (slots, has) = lens_slots_has;
+    let m = slots.len();
+    let batch = gdn_batch(rng, &vec![1; m], slots, has);
+    let dev = GdnDevice::new(st, &fixture.params, &batch);
+    let k = 512;
+    let widths = [
+        GDN.conv_dim(),
+        GDN.value_width(),
+        GDN.value_heads,
+        GDN.value_heads,
+    ];
+    let n: usize = widths.iter().sum();
+    let w = upload(st, &bf(rng, n * k, 0.08));
+    let x = upload(st, &bf(rng, m * k, 1.0));
+    let mut raw_qkv = Vec::new();
+    let ways = [false, true].map(|fold| {
+        let mut outs: Vec<CudaSlice<bf16>> = widths
+            .iter()
+            .map(|&wd| st.alloc_zeros::<bf16>(m * wd).unwrap())
+            .collect();
+        let (mut conv, mut rec) = (upload(st, &fixture.conv0), upload(st, &fixture.rec0));
+        {
+            let parts = outs
+                .iter_mut()
+                .zip(widths)
+                .map(|(o, width)| GemvPart {
+                    out: dev_mut(kernels, o),
+                    width,
+                })
+                .collect();
+            let input = GemvInput::Plain {
+                x: view(kernels, &x),
+                ld_x: k,
+            };
+            let output = if fold {
+                GemvOutput::Bf16PartsConv {
+                    parts,
+                    conv: PartsConv {
+                        weight: view(kernels, dev.layer().conv_weight),
+                        state: dev_mut(kernels, &mut conv),
+                        slots: view(kernels, dev.seqs().slots),
+                        has_state: view(kernels, dev.seqs().has_state),
+                    },
+                }
+            } else {
+                GemvOutput::Bf16Parts { parts }
+            };
+            gemv(kernels, view(kernels, &w), n, k, m, &input, output).unwrap();
+        }
+        let mut state = GdnState {
+            conv: &mut conv,
+            recurrent: &mut rec,
+            slots: SLOTS,
+        };
+        let mut scratch = GdnScratch::new(st, &GDN, m).unwrap();
+        let mut out = st.alloc_zeros::<bf16>(m * GDN.value_width()).unwrap();
+        let inputs = GdnInputs {
+            qkv: &outs[0],
+            z: &outs[1],
+            b: &outs[2],
+            a: &outs[3],
+        };
+        let (layer, seqs) = (dev.layer(), dev.seqs());
+        if fold {
+            gdn_decode_convolved(
+                kernels, &GDN, &layer, &mut state, &seqs, &inputs, &scratch, &mut out,
+            )
+        } else {
+            gdn_decode(
+                kernels,
+                &GDN,
+                &layer,
+                &mut state,
+                &seqs,
+                &inputs,
+                &mut scratch,
+                &mut out,
+            )
+        }
+        .unwrap();
+        st.synchronize().unwrap();
+        let conv_out = if fold {
+            download(st, &outs[0])
+        } else {
+            raw_qkv = download(st, &outs[0]);
+            download(st, &scratch.conv_out)
+        };
+        let mut zba = download(st, &outs[1]);
+        zba.extend(download(st, &outs[2]));
+        zba.extend(download(st, &outs[3]));
+        (
+            conv_out,
+            zba,
+            download(st, &conv),
+            download(st, &rec),
+            download(st, &out),
+        )
+    });
+    ConvFoldRun { raw_qkv, ways }
+}
+
+/// The in-projection GEMV's conv epilogue gives the bits of the conv launch it replaces, under
+/// SASS and the PTX JIT: the conv output, the shifted conv states (new sequences starting from
+/// zero over stale slots), and so the delta rule's state and the layer's output; and its conv
+/// states equal the CPU reference's.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn gpu_gdn_in_proj_conv_epilogue_gives_the_bits_of_the_conv_launch() {
+    let d = open_device(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
+    let seed = triton_seed() ^ 0xc0u64;
+    let mut rng = rng(seed);
+    let fixture = gdn_fixture(&mut rng, SLOTS);
+    let batches: [(&[usize], &[bool]); 3] = [
+        (
+            &[3, 0, 7, 11, 5, 1, 9, 2],
+            &[true, true, false, true, true, true, false, true],
+        ),
+        (&[6, 10, 4], &[false, true, true]),
+        (&[8], &[true]),
+    ];
+    for policy in [Policy::Auto, Policy::PtxOnly] {
+        let kernels = load_available(&d, policy, &ModuleSource::registry()).unwrap();
+        for (slots, has) in batches {
+            let run = run_conv_fold(&kernels, &mut rng, &fixture, (slots, has));
+            let what = format!("[{policy:?}] {} rows", slots.len());
+            let [(conv_a, zba_a, cs_a, rec_a, out_a), (conv_b, zba_b, cs_b, rec_b, out_b)] =
+                &run.ways;
+            assert!(
+                conv_b.iter().filter(|v| v.to_f32() != 0.0).count() > conv_b.len() / 2,
+                "{what}: the conv output is mostly zero"
+            );
+            let differ = |a: &[bf16], b: &[bf16]| {
+                a.iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            };
+            assert_eq!(differ(conv_a, conv_b), 0, "{what}: conv outputs differ");
+            assert_eq!(differ(zba_a, zba_b), 0, "{what}: z, b, a parts differ");
+            assert_eq!(differ(cs_a, cs_b), 0, "{what}: conv states differ");
+            assert!(
+                rec_a
+                    .iter()
+                    .zip(rec_b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{what}: recurrent states differ"
+            );
+            assert_eq!(differ(out_a, out_b), 0, "{what}: outputs differ");
+            // The conv states against the CPU reference (exact: the state holds copies).
+            let seqs: Vec<SeqSpec> = slots
+                .iter()
+                .zip(has)
+                .enumerate()
+                .map(|(i, (&slot, &has_state))| SeqSpec {
+                    start: i,
+                    len: 1,
+                    slot,
+                    has_state,
+                })
+                .collect();
+            let mut cs_ref = fixture.conv0.clone();
+            let conv_ref = conv1d_reference(
+                &GDN,
+                &run.raw_qkv,
+                &fixture.params.conv_weight,
+                &mut cs_ref,
+                &seqs,
+            );
+            assert_eq!(
+                differ(cs_b, &cs_ref),
+                0,
+                "{what}: conv states vs the CPU reference"
+            );
+            check_bf16(&format!("{what} conv output vs CPU"), conv_b, &conv_ref);
+            eprintln!("{what}: conv epilogue equal to the conv launch in every bit");
+        }
+    }
 }

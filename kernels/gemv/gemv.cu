@@ -51,6 +51,12 @@
 //                            (plain-input entries only)
 //   silu_mul                 act = bf16(bf16(silu(bf16(gate))) * bf16(up)); a group's first 8 rows
 //                            are gate rows, the last 8 up rows (virtual rows, see pair_offset)
+//   store_parts_conv         store_parts whose first part is a DeltaNet layer's conv channels
+//                            [q | k | v] in a decode pass (one token per sequence): each value goes
+//                            through the causal depthwise conv of width 4 over its sequence's conv
+//                            state, then SiLU, in the instructions of the Triton module gdn_conv1d
+//                            (so its bits), and the state shifts by the token. A (token, channel)
+//                            is one lane's, so the state needs no ordering between blocks.
 #include "aot_common.cuh"
 #include "aot_mma.cuh"
 
@@ -74,7 +80,16 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-enum Epilogue : int { kStoreBf16 = 0, kStoreF32 = 1, kResidual = 2, kSiluMul = 3, kStoreParts = 4, kResidualNorm = 5 };
+enum Epilogue : int {
+    kStoreBf16 = 0,
+    kStoreF32 = 1,
+    kResidual = 2,
+    kSiluMul = 3,
+    kStoreParts = 4,
+    kResidualNorm = 5,
+    kStorePartsConv = 6,
+};
+constexpr int kConvWidth = 4;  // store_parts_conv: the conv's taps (the state keeps the last 3 inputs)
 constexpr int kMoreParts = 3;  // parts after the first
 
 // Mirrored field for field by `GemvParams` in src/ops/gemv.rs (repr(C)).
@@ -102,6 +117,12 @@ struct GemvParams {
     int* arrived;                     // residual_norm: blocks arrived; zero between launches
     float out_eps;                    // residual_norm
     float out_norm_offset;            // residual_norm: 0: w, 1: (1 + w)
+    const __nv_bfloat16* conv_w;      // store_parts_conv: [conv_channels][kConvWidth]
+    __nv_bfloat16* conv_state;        // store_parts_conv: [slots][kConvWidth - 1][conv_channels]
+    const int* conv_slots;            // store_parts_conv: [m] each token's state slot (distinct)
+    const int* conv_has_state;        // store_parts_conv: [m] 0: a new sequence, its slot ignored
+    int conv_channels;                // store_parts_conv: the first part's width
+    int pad2_;
 };
 
 struct Shared {
@@ -130,6 +151,48 @@ __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
+// store_parts_conv: token `token`'s channel `c`, whose in-projection output is y: the conv over
+// the state's last three inputs and bf16(y), SiLU, returned; the state shifted by one input. Every
+// operation is gdn_conv1d's PTX instruction (its fma chain from zero, the bf16 rounding, and
+// x / (1 + ex2.approx(-x log2 e)) with div.full), so the result is that module's, bit for bit.
+__device__ __forceinline__ float conv_silu_step(const GemvParams& p, int token, int c, float y) {
+    const int64_t C = p.conv_channels;
+    __nv_bfloat16* st = p.conv_state + static_cast<int64_t>(p.conv_slots[token]) * (kConvWidth - 1) * C + c;
+    const bool has = p.conv_has_state[token] != 0;
+    const __nv_bfloat16 x3 = __float2bfloat16_rn(y);
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+    const __nv_bfloat16 s0 = has ? st[0] : zero, s1 = has ? st[C] : zero, s2 = has ? st[2 * C] : zero;
+    const uint2 wv = *reinterpret_cast<const uint2*>(p.conv_w + static_cast<int64_t>(c) * kConvWidth);
+    const float2 w01 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.x));
+    const float2 w23 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.y));
+    float acc;
+    asm("{\n\t"
+        "fma.rn.f32 %0, %1, %5, 0f00000000;\n\t"
+        "fma.rn.f32 %0, %2, %6, %0;\n\t"
+        "fma.rn.f32 %0, %3, %7, %0;\n\t"
+        "fma.rn.f32 %0, %4, %8, %0;\n\t"
+        "}"
+        : "=&f"(acc)
+        : "f"(w01.x), "f"(w01.y), "f"(w23.x), "f"(w23.y), "f"(aot::to_f32(s0)), "f"(aot::to_f32(s1)),
+          "f"(aot::to_f32(s2)), "f"(aot::to_f32(x3)));
+    const float conv = aot::round_bf16(acc);
+    float act;
+    asm("{\n\t"
+        ".reg .f32 n, e;\n\t"
+        "sub.f32 n, 0f00000000, %1;\n\t"
+        "mul.f32 n, n, 0f3FB8AA3B;\n\t"
+        "ex2.approx.f32 e, n;\n\t"
+        "add.f32 e, e, 0f3F800000;\n\t"
+        "div.full.f32 %0, %1, e;\n\t"
+        "}"
+        : "=f"(act)
+        : "f"(conv));
+    st[0] = s1;
+    st[C] = s2;
+    st[2 * C] = x3;
+    return act;
+}
+
 // The epilogue of one tile for every token, from its sums `t[token][row]`. One warp runs it; lanes
 // cover (token, row) pairs so that all their loads are in flight together.
 __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRows]) {
@@ -139,11 +202,13 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
     switch (p.epilogue) {
         case kStoreBf16:
         case kStoreF32:
-        case kStoreParts: {
+        case kStoreParts:
+        case kStorePartsConv: {
             // The output holding this tile: parts start on tile boundaries, so a tile is in one.
             void* out = p.out;
             int ld = p.ld_out, col = n0;
-            if (p.epilogue == kStoreParts) {
+            const bool conv = p.epilogue == kStorePartsConv && n0 < p.conv_channels;
+            if (p.epilogue != kStoreBf16 && p.epilogue != kStoreF32) {
 #pragma unroll
                 for (int i = 0; i < kMoreParts; ++i) {
                     if (p.parts[i] != nullptr && n0 >= p.part_start[i]) {
@@ -159,7 +224,10 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
                 const int token = idx / kTileRows, r = idx % kTileRows;
                 if (token < p.m && r < rows) {
                     const int64_t at = static_cast<int64_t>(token) * ld + col + r;
-                    if (p.epilogue != kStoreF32) {
+                    if (conv) {
+                        reinterpret_cast<__nv_bfloat16*>(out)[at] =
+                            __float2bfloat16_rn(conv_silu_step(p, token, n0 + r, t[token][r]));
+                    } else if (p.epilogue != kStoreF32) {
                         reinterpret_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(t[token][r]);
                     } else {
                         reinterpret_cast<float*>(out)[at] = t[token][r];

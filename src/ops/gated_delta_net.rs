@@ -290,15 +290,41 @@ pub fn gdn_recurrent(
     let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
     expect_heads(&step, OP, shape)?;
     launch_conv(kernels, OP, shape, layer, state, seqs, inputs, scratch)?;
-    step.launch(
+    launch_step(
+        &step,
         OP,
+        shape,
+        layer,
+        state,
+        seqs,
+        &scratch.conv_out,
+        inputs,
+        out,
+    )
+}
+
+/// The delta rule and the gated norm of every token over `conv_out`, the conv's activated output.
+#[allow(clippy::too_many_arguments)]
+fn launch_step(
+    step: &TritonKernel<'_>,
+    op: &'static str,
+    shape: &GdnShape,
+    layer: &GdnLayer<'_>,
+    state: &mut GdnState<'_>,
+    seqs: &GdnSequences<'_>,
+    conv_out: &CudaSlice<bf16>,
+    inputs: &GdnInputs<'_>,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), OpsError> {
+    step.launch(
+        op,
         (
-            grid_dim(OP, "sequences", seqs.n_seqs)?,
-            grid_dim(OP, "value heads", shape.value_heads)?,
+            grid_dim(op, "sequences", seqs.n_seqs)?,
+            grid_dim(op, "value heads", shape.value_heads)?,
             1,
         ),
         &mut [
-            TritonArg::Bf16(&scratch.conv_out),
+            TritonArg::Bf16(conv_out),
             TritonArg::Bf16(inputs.a),
             TritonArg::Bf16(inputs.b),
             TritonArg::Bf16(inputs.z),
@@ -313,6 +339,20 @@ pub fn gdn_recurrent(
             TritonArg::ScalarF32(layer.eps),
         ],
     )
+}
+
+/// A decode step's sequences: one token each.
+fn check_one_token(op: &'static str, seqs: &GdnSequences<'_>) -> Result<(), OpsError> {
+    if seqs.n_tokens != seqs.n_seqs {
+        return Err(shape_err(
+            op,
+            format!(
+                "a decode step takes one token per sequence: {} tokens for {} sequences (use gdn_recurrent or gdn_prefill)",
+                seqs.n_tokens, seqs.n_seqs
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// One decode step: every sequence has exactly one new token (`cu_seqlens = 0, 1, .., n_seqs`).
@@ -330,16 +370,33 @@ pub fn gdn_decode(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     const OP: &str = "gdn_decode";
-    if seqs.n_tokens != seqs.n_seqs {
-        return Err(shape_err(
-            OP,
-            format!(
-                "a decode step takes one token per sequence: {} tokens for {} sequences (use gdn_recurrent or gdn_prefill)",
-                seqs.n_tokens, seqs.n_seqs
-            ),
-        ));
-    }
+    check_one_token(OP, seqs)?;
     gdn_recurrent(kernels, shape, layer, state, seqs, inputs, scratch, out)
+}
+
+/// [`gdn_decode`] for a step whose `inputs.qkv` already went through the conv: the in-projection
+/// GEMV's [`GemvOutput::Bf16PartsConv`](super::gemv::GemvOutput::Bf16PartsConv) epilogue ran it
+/// (the bits of `gdn_conv1d`) and shifted the conv states, so one launch, the delta rule and the
+/// gated norm, remains. `scratch` is not used; `state.conv` only checked.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_decode_convolved(
+    kernels: &LoadedKernels,
+    shape: &GdnShape,
+    layer: &GdnLayer<'_>,
+    state: &mut GdnState<'_>,
+    seqs: &GdnSequences<'_>,
+    inputs: &GdnInputs<'_>,
+    scratch: &GdnScratch,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), OpsError> {
+    const OP: &str = "gdn_decode_convolved";
+    check_one_token(OP, seqs)?;
+    check_common(OP, shape, layer, state, seqs, inputs, scratch, out)?;
+    let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
+    expect_heads(&step, OP, shape)?;
+    launch_step(
+        &step, OP, shape, layer, state, seqs, inputs.qkv, inputs, out,
+    )
 }
 
 /// Prefill (or a chunk of it) for a batch of sequences of any lengths: conv, the chunked delta

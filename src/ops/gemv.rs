@@ -93,6 +93,12 @@ struct GemvParams {
     arrived: u64,
     out_eps: f32,
     out_norm_offset: f32,
+    conv_w: u64,
+    conv_state: u64,
+    conv_slots: u64,
+    conv_has_state: u64,
+    conv_channels: i32,
+    pad2: i32,
 }
 
 /// Parts after the first that a [`GemvOutput::Bf16Parts`] launch can write (`kMoreParts`).
@@ -101,7 +107,7 @@ const MORE_PARTS: usize = 3;
 /// The most parts a [`GemvOutput::Bf16Parts`] launch writes.
 pub const MAX_PARTS: usize = MORE_PARTS + 1;
 
-const _: () = assert!(std::mem::size_of::<GemvParams>() == 184);
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 224);
 
 // SAFETY: plain `repr(C)` data of integers and floats, laid out as the kernel's struct.
 unsafe impl DeviceRepr for GemvParams {}
@@ -278,7 +284,33 @@ pub enum GemvOutput<'a> {
     Bf16Parts {
         parts: Vec<GemvPart<'a>>,
     },
+    /// [`GemvOutput::Bf16Parts`] in a DeltaNet layer's decode pass (one token per sequence, each
+    /// row its own sequence): the first part's channels, the conv's `[q | k | v]`, go through the
+    /// causal depthwise conv over each token's conv state and the SiLU before they are stored, and
+    /// the states shift by the token. The bits are those of the Triton module `gdn_conv1d` on the
+    /// stored part (the same instructions), so the delta rule can follow at once
+    /// (`gated_delta_net::gdn_decode_convolved`): one launch fewer a layer.
+    Bf16PartsConv {
+        parts: Vec<GemvPart<'a>>,
+        conv: PartsConv<'a>,
+    },
 }
+
+/// The conv of a [`GemvOutput::Bf16PartsConv`] launch.
+pub struct PartsConv<'a> {
+    /// `conv1d.weight` as `[channels][CONV_WIDTH]` (channels: the first part's width), 8-byte aligned.
+    pub weight: DevRef<'a, bf16>,
+    /// The state pool `[slots][CONV_WIDTH - 1][channels]`, oldest input first (`gdn_conv1d`'s).
+    pub state: DevMut<'a, bf16>,
+    /// `[m]`: each token's slot in the pool. Distinct, and below the pool's slot count: they live
+    /// on the device, so the launcher cannot check them.
+    pub slots: DevRef<'a, i32>,
+    /// `[m]`: 0 for a sequence that starts here (its slot's old content is ignored), else 1.
+    pub has_state: DevRef<'a, i32>,
+}
+
+/// The taps of the conv a [`GemvOutput::Bf16PartsConv`] launch runs (`kConvWidth`).
+pub const CONV_WIDTH: usize = 4;
 
 /// The RMSNorm a [`GemvOutput::ResidualNorm`] launch applies to the new h.
 pub struct OutputNorm<'a> {
@@ -505,22 +537,35 @@ pub fn gemv_with(
             p.n = to_i32(op, "n", silu_virtual_rows(intermediate))?;
         }
         GemvOutput::Bf16Parts { parts } => {
-            let widths: Vec<usize> = parts.iter().map(|part| part.width).collect();
-            check_parts(n, &widths).map_err(shape_err)?;
-            let mut start = 0;
-            for (i, part) in parts.iter().enumerate() {
-                check_out(&format!("part {i}"), part.out.len(), part.width, part.width)?;
-                if i == 0 {
-                    p.out = part.out.addr();
-                    p.ld_out = to_i32(op, "part 0 width", part.width)?;
-                } else {
-                    p.parts[i - 1] = part.out.addr();
-                    p.part_start[i - 1] = to_i32(op, "part start", start)?;
-                    p.part_ld[i - 1] = to_i32(op, "part width", part.width)?;
-                }
-                start += part.width;
-            }
+            set_parts(&mut p, n, m, &parts)?;
             p.epilogue = 4;
+        }
+        GemvOutput::Bf16PartsConv { parts, conv } => {
+            set_parts(&mut p, n, m, &parts)?;
+            let channels = parts[0].width;
+            check_view(
+                op,
+                "conv weight",
+                conv.weight.len(),
+                &[channels, CONV_WIDTH],
+            )?;
+            check_aligned(op, "conv weight", conv.weight.addr(), 8)?;
+            let slot_len = (CONV_WIDTH - 1) * channels;
+            if conv.state.len() < slot_len || !conv.state.len().is_multiple_of(slot_len) {
+                return Err(shape_err(format!(
+                    "conv state: {} values is not a pool of [slots][{}][{channels}] (the first part's channels)",
+                    conv.state.len(),
+                    CONV_WIDTH - 1
+                )));
+            }
+            check_view(op, "conv slots", conv.slots.len(), &[m])?;
+            check_view(op, "conv has_state", conv.has_state.len(), &[m])?;
+            p.conv_w = conv.weight.addr();
+            p.conv_state = conv.state.addr();
+            p.conv_slots = conv.slots.addr();
+            p.conv_has_state = conv.has_state.addr();
+            p.conv_channels = to_i32(op, "conv channels", channels)?;
+            p.epilogue = 6;
         }
     }
     let launch = gemv_launch(kernels, p.n as usize, k, m, norm, options);
@@ -539,6 +584,32 @@ pub fn gemv_with(
         launch.programmatic,
         None,
     )
+}
+
+/// The parts' outputs of a [`GemvOutput::Bf16Parts`] (or `Bf16PartsConv`) launch of `m` tokens.
+fn set_parts(
+    p: &mut GemvParams,
+    n: usize,
+    m: usize,
+    parts: &[GemvPart<'_>],
+) -> Result<(), OpsError> {
+    let op = "gemv";
+    let widths: Vec<usize> = parts.iter().map(|part| part.width).collect();
+    check_parts(n, &widths).map_err(|message| OpsError::Shape { op, message })?;
+    let mut start = 0;
+    for (i, part) in parts.iter().enumerate() {
+        check_view(op, &format!("part {i}"), part.out.len(), &[m, part.width])?;
+        if i == 0 {
+            p.out = part.out.addr();
+            p.ld_out = to_i32(op, "part 0 width", part.width)?;
+        } else {
+            p.parts[i - 1] = part.out.addr();
+            p.part_start[i - 1] = to_i32(op, "part start", start)?;
+            p.part_ld[i - 1] = to_i32(op, "part width", part.width)?;
+        }
+        start += part.width;
+    }
+    Ok(())
 }
 
 /// The residual epilogue's fields: h (its rows checked by the caller) and the sums of squares.

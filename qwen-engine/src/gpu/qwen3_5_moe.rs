@@ -2,9 +2,10 @@
 //! over the `n` rows of a pass: every sequence's rows in position order. Per layer:
 //!
 //! ```text
-//! linear     gemv | gemm x4 in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (one GEMV in decode)
-//!            gdn            conv1d and state shift, the delta rule on the slot's state, gated norm
-//!                           (token by token in decode and prefill passes alike)
+//! linear     gemv | gemm x4 in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (one GEMV in decode,
+//!                           which also runs the conv and shifts the conv state)
+//!            gdn            conv1d and state shift (prefill), the delta rule on the slot's state,
+//!                           gated norm (token by token in decode and prefill passes alike)
 //!            gemv/gemm      out_proj (+ add + norm, below)
 //! attention  gemv/gemm      [queries | keys | values | gates]
 //!            decode:  attention (q/k norm (1 + w), RoPE, k and v into the cache, split-KV)
@@ -28,10 +29,10 @@ use aot_kernels::ops::attention::{attention_decode, AttnDecode, AttnScratch, MAX
 use aot_kernels::ops::attention_prefill::{attention_prefill, AttentionPrefillParams};
 use aot_kernels::ops::embedding::embedding;
 use aot_kernels::ops::gated_delta_net::{
-    gdn_recurrent, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
+    gdn_decode_convolved, gdn_recurrent, GdnInputs, GdnLayer, GdnSequences, GdnShape, GdnState,
 };
 use aot_kernels::ops::gemm::{gemm_bf16, gemm_bf16_w_view, GemmShape};
-use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart, OutputNorm};
+use aot_kernels::ops::gemv::{gemv, GemvInput, GemvOutput, GemvPart, OutputNorm, PartsConv};
 use aot_kernels::ops::kv_cache::BlockTable;
 use aot_kernels::ops::moe::{moe_forward_add_norm, MoeAddNorm, MoeLayer};
 use aot_kernels::ops::output_gate::sigmoid_gate_mul;
@@ -331,7 +332,7 @@ fn linear_mixer(
     post_norm: &PostNorm<'_>,
 ) -> Result<(), OpsError> {
     let kernels = f.kernels;
-    in_proj(kernels, f.cfg, m, b, n, decode)?;
+    in_proj(kernels, f.cfg, m, state, b, n, decode)?;
     let layer = GdnLayer {
         conv_weight: &m.conv,
         a_log: &m.a_log,
@@ -352,18 +353,32 @@ fn linear_mixer(
         b: &b.gdn_b,
         z: &b.gdn_z,
     };
-    // Token by token in prompts too: a prompt's bits then do not depend on how it was chunked
-    // (docs/engine.md, "The hybrid family on the GPU").
-    gdn_recurrent(
-        kernels,
-        g,
-        &layer,
-        state,
-        &sequences,
-        &inputs,
-        &mut b.gdn_scratch,
-        &mut b.gdn_out,
-    )?;
+    if decode {
+        // The in-projection's GEMV ran the conv (gdn_conv1d's bits) and shifted the conv states.
+        gdn_decode_convolved(
+            kernels,
+            g,
+            &layer,
+            state,
+            &sequences,
+            &inputs,
+            &b.gdn_scratch,
+            &mut b.gdn_out,
+        )?;
+    } else {
+        // Token by token in prompts too: a prompt's bits then do not depend on how it was chunked
+        // (docs/engine.md, "The hybrid family on the GPU").
+        gdn_recurrent(
+            kernels,
+            g,
+            &layer,
+            state,
+            &sequences,
+            &inputs,
+            &mut b.gdn_scratch,
+            &mut b.gdn_out,
+        )?;
+    }
     out_proj_add_norm(
         f,
         decode,
@@ -452,12 +467,14 @@ fn out_proj_add_norm(
 
 /// A DeltaNet layer's four input projections of `b.x` (rows [`in_proj_widths`] of one weight)
 /// into `b.gdn_qkv`, `gdn_z`, `gdn_b` and `gdn_a`: one GEMV writing each its part in a decode
-/// pass, a GEMM each in a prefill pass (each on its rows of the weight, so the bits of a GEMM on
-/// that projection alone).
+/// pass, which also runs the conv on the qkv part and shifts the slots' conv states
+/// (`GemvOutput::Bf16PartsConv`, one row a sequence); a GEMM each in a prefill pass (each on its
+/// rows of the weight, so the bits of a GEMM on that projection alone), the conv after it.
 fn in_proj(
     kernels: &LoadedKernels,
     c: &Qwen35MoeConfig,
     m: &LinearWeights,
+    state: &mut GdnState<'_>,
     b: &mut HybridBuffers,
     n: usize,
     decode: bool,
@@ -485,7 +502,15 @@ fn in_proj(
                 x: dev(kernels, &b.x),
                 ld_x: h,
             },
-            GemvOutput::Bf16Parts { parts },
+            GemvOutput::Bf16PartsConv {
+                parts,
+                conv: PartsConv {
+                    weight: dev(kernels, &m.conv),
+                    state: dev_mut(kernels, state.conv),
+                    slots: dev(kernels, &b.state_slots),
+                    has_state: dev(kernels, &b.has_state),
+                },
+            },
         );
     }
     let mut start = 0;
