@@ -151,20 +151,12 @@ __device__ __forceinline__ const __nv_bfloat16* weight_row(const GemvParams& p, 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
-// store_parts_conv: token `token`'s channel `c`, whose in-projection output is y: the conv over
-// the state's last three inputs and bf16(y), SiLU, returned; the state shifted by one input. Every
-// operation is gdn_conv1d's PTX instruction (its fma chain from zero, the bf16 rounding, and
-// x / (1 + ex2.approx(-x log2 e)) with div.full), so the result is that module's, bit for bit.
-__device__ __forceinline__ float conv_silu_step(const GemvParams& p, int token, int c, float y) {
-    const int64_t C = p.conv_channels;
-    __nv_bfloat16* st = p.conv_state + static_cast<int64_t>(p.conv_slots[token]) * (kConvWidth - 1) * C + c;
-    const bool has = p.conv_has_state[token] != 0;
-    const __nv_bfloat16 x3 = __float2bfloat16_rn(y);
-    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    const __nv_bfloat16 s0 = has ? st[0] : zero, s1 = has ? st[C] : zero, s2 = has ? st[2 * C] : zero;
-    const uint2 wv = *reinterpret_cast<const uint2*>(p.conv_w + static_cast<int64_t>(c) * kConvWidth);
-    const float2 w01 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.x));
-    const float2 w23 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.y));
+// store_parts_conv's conv and SiLU of one value from its weights, its three older inputs and the
+// new one (all widened from bf16). Every operation is gdn_conv1d's PTX instruction (its fma chain
+// from zero, the bf16 rounding, and x / (1 + ex2.approx(-x log2 e)) with div.full), so the result
+// is that module's, bit for bit.
+__device__ __forceinline__ float conv_silu(const float2& w01, const float2& w23, float s0, float s1, float s2,
+                                           float x3) {
     float acc;
     asm("{\n\t"
         "fma.rn.f32 %0, %1, %5, 0f00000000;\n\t"
@@ -173,8 +165,7 @@ __device__ __forceinline__ float conv_silu_step(const GemvParams& p, int token, 
         "fma.rn.f32 %0, %4, %8, %0;\n\t"
         "}"
         : "=&f"(acc)
-        : "f"(w01.x), "f"(w01.y), "f"(w23.x), "f"(w23.y), "f"(aot::to_f32(s0)), "f"(aot::to_f32(s1)),
-          "f"(aot::to_f32(s2)), "f"(aot::to_f32(x3)));
+        : "f"(w01.x), "f"(w01.y), "f"(w23.x), "f"(w23.y), "f"(s0), "f"(s1), "f"(s2), "f"(x3));
     const float conv = aot::round_bf16(acc);
     float act;
     asm("{\n\t"
@@ -187,10 +178,54 @@ __device__ __forceinline__ float conv_silu_step(const GemvParams& p, int token, 
         "}"
         : "=f"(act)
         : "f"(conv));
-    st[0] = s1;
-    st[C] = s2;
-    st[2 * C] = x3;
     return act;
+}
+
+// store_parts_conv on a tile of the first part (the conv channels): lane l takes channel n0 + l % 16
+// for tokens l / 16, + 2, + 4, + 6. Every load (the channel's weights, the tokens' slots, then
+// their states) is issued before any store, since a store could alias a later load as far as the
+// compiler knows: two round trips whatever the token count, not one a token.
+__device__ __forceinline__ void conv_tile(const GemvParams& p, int n0, int rows, const float (*t)[kTileRows],
+                                          __nv_bfloat16* out, int ld, int col) {
+    constexpr int kQ = kMaxTokens * kTileRows / 32;
+    const int lane = threadIdx.x & 31;
+    const int r = lane % kTileRows;
+    if (r >= rows) return;
+    const int64_t C = p.conv_channels;
+    const int c = n0 + r;
+    const uint2 wv = *reinterpret_cast<const uint2*>(p.conv_w + static_cast<int64_t>(c) * kConvWidth);
+    int slot[kQ];
+    bool has[kQ];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+        const int token = lane / kTileRows + 2 * q;
+        const bool ok = token < p.m;
+        slot[q] = ok ? p.conv_slots[token] : 0;
+        has[q] = ok && p.conv_has_state[token] != 0;
+    }
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+    __nv_bfloat16 s[kQ][kConvWidth - 1];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+        const __nv_bfloat16* st = p.conv_state + static_cast<int64_t>(slot[q]) * (kConvWidth - 1) * C + c;
+#pragma unroll
+        for (int j = 0; j < kConvWidth - 1; ++j) s[q][j] = has[q] ? st[j * C] : zero;
+    }
+    const float2 w01 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.x));
+    const float2 w23 = aot::to_f32x2(*reinterpret_cast<const __nv_bfloat162*>(&wv.y));
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+        const int token = lane / kTileRows + 2 * q;
+        if (token >= p.m) continue;
+        const __nv_bfloat16 x3 = __float2bfloat16_rn(t[token][r]);
+        const float act = conv_silu(w01, w23, aot::to_f32(s[q][0]), aot::to_f32(s[q][1]), aot::to_f32(s[q][2]),
+                                    aot::to_f32(x3));
+        out[static_cast<int64_t>(token) * ld + col + r] = __float2bfloat16_rn(act);
+        __nv_bfloat16* st = p.conv_state + static_cast<int64_t>(slot[q]) * (kConvWidth - 1) * C + c;
+        st[0] = s[q][1];
+        st[C] = s[q][2];
+        st[2 * C] = x3;
+    }
 }
 
 // The epilogue of one tile for every token, from its sums `t[token][row]`. One warp runs it; lanes
@@ -207,7 +242,6 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
             // The output holding this tile: parts start on tile boundaries, so a tile is in one.
             void* out = p.out;
             int ld = p.ld_out, col = n0;
-            const bool conv = p.epilogue == kStorePartsConv && n0 < p.conv_channels;
             if (p.epilogue != kStoreBf16 && p.epilogue != kStoreF32) {
 #pragma unroll
                 for (int i = 0; i < kMoreParts; ++i) {
@@ -218,16 +252,17 @@ __device__ void epilogue(const GemvParams& p, int tile, const float (*t)[kTileRo
                     }
                 }
             }
+            if (p.epilogue == kStorePartsConv && n0 < p.conv_channels) {
+                conv_tile(p, n0, rows, t, reinterpret_cast<__nv_bfloat16*>(out), ld, col);
+                break;
+            }
 #pragma unroll
             for (int q = 0; q < kMaxTokens * kTileRows / 32; ++q) {
                 const int idx = lane + 32 * q;
                 const int token = idx / kTileRows, r = idx % kTileRows;
                 if (token < p.m && r < rows) {
                     const int64_t at = static_cast<int64_t>(token) * ld + col + r;
-                    if (conv) {
-                        reinterpret_cast<__nv_bfloat16*>(out)[at] =
-                            __float2bfloat16_rn(conv_silu_step(p, token, n0 + r, t[token][r]));
-                    } else if (p.epilogue != kStoreF32) {
+                    if (p.epilogue != kStoreF32) {
                         reinterpret_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(t[token][r]);
                     } else {
                         reinterpret_cast<float*>(out)[at] = t[token][r];
