@@ -1204,9 +1204,7 @@ fn run_conv_fold(
         };
         let (layer, seqs) = (dev.layer(), dev.seqs());
         if fold {
-            gdn_decode_convolved(
-                kernels, &GDN, &layer, &mut state, &seqs, &inputs, &scratch, &mut out,
-            )
+            gdn_decode_convolved(kernels, &GDN, &layer, &mut state, &seqs, &inputs, &mut out)
         } else {
             gdn_decode(
                 kernels,

@@ -163,7 +163,6 @@ fn check_common(
     state: &GdnState<'_>,
     seqs: &GdnSequences<'_>,
     inputs: &GdnInputs<'_>,
-    scratch: &GdnScratch,
     out: &CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     if seqs.n_seqs == 0 || seqs.n_tokens < seqs.n_seqs {
@@ -185,7 +184,6 @@ fn check_common(
     check_len(op, "b", inputs.b, &[n, hv])?;
     check_len(op, "z", inputs.z, &[n, vw])?;
     check_len(op, "out", out, &[n, vw])?;
-    check_len(op, "scratch.conv_out", &scratch.conv_out, &[n, c])?;
     check_len(op, "conv_weight", layer.conv_weight, &[c, shape.conv_width])?;
     check_len(op, "a_log", layer.a_log, &[hv])?;
     check_len(op, "dt_bias", layer.dt_bias, &[hv])?;
@@ -249,6 +247,12 @@ fn launch_conv(
     inputs: &GdnInputs<'_>,
     scratch: &mut GdnScratch,
 ) -> Result<(), OpsError> {
+    check_len(
+        op,
+        "scratch.conv_out",
+        &scratch.conv_out,
+        &[seqs.n_tokens, shape.conv_dim()],
+    )?;
     let (conv, blocks) = conv_kernel(kernels, op, shape)?;
     conv.launch(
         op,
@@ -286,7 +290,7 @@ pub fn gdn_recurrent(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     const OP: &str = "gdn_recurrent";
-    check_common(OP, shape, layer, state, seqs, inputs, scratch, out)?;
+    check_common(OP, shape, layer, state, seqs, inputs, out)?;
     let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
     expect_heads(&step, OP, shape)?;
     launch_conv(kernels, OP, shape, layer, state, seqs, inputs, scratch)?;
@@ -377,7 +381,7 @@ pub fn gdn_decode(
 /// [`gdn_decode`] for a step whose `inputs.qkv` already went through the conv: the in-projection
 /// GEMV's [`GemvOutput::Bf16PartsConv`](super::gemv::GemvOutput::Bf16PartsConv) epilogue ran it
 /// (the bits of `gdn_conv1d`) and shifted the conv states, so one launch, the delta rule and the
-/// gated norm, remains. `scratch` is not used; `state.conv` only checked.
+/// gated norm, remains. `state.conv` is only checked.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_decode_convolved(
     kernels: &LoadedKernels,
@@ -386,12 +390,11 @@ pub fn gdn_decode_convolved(
     state: &mut GdnState<'_>,
     seqs: &GdnSequences<'_>,
     inputs: &GdnInputs<'_>,
-    scratch: &GdnScratch,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     const OP: &str = "gdn_decode_convolved";
     check_one_token(OP, seqs)?;
-    check_common(OP, shape, layer, state, seqs, inputs, scratch, out)?;
+    check_common(OP, shape, layer, state, seqs, inputs, out)?;
     let step = TritonKernel::load(kernels, OP, MODULE_RECURRENT)?;
     expect_heads(&step, OP, shape)?;
     launch_step(
@@ -416,7 +419,7 @@ pub fn gdn_prefill(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), OpsError> {
     const OP: &str = "gdn_prefill";
-    check_common(OP, shape, layer, state, seqs, inputs, scratch, out)?;
+    check_common(OP, shape, layer, state, seqs, inputs, out)?;
     check_len(
         OP,
         "scratch.core_out",

@@ -362,7 +362,6 @@ fn linear_mixer(
             state,
             &sequences,
             &inputs,
-            &b.gdn_scratch,
             &mut b.gdn_out,
         )?;
     } else {
