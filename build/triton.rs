@@ -78,6 +78,12 @@ pub struct TritonImageMeta {
     pub spill_store_bytes: Option<u32>,
     #[serde(default)]
     pub spill_load_bytes: Option<u32>,
+    /// The pipeline depth, where this target takes another than the module's `num_stages` (a
+    /// shallower one where a block may use less shared memory; scripts/triton_gen.py). Read by
+    /// people: the launch needs only `shared`.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub num_stages: Option<u32>,
 }
 
 /// How one image of a Triton module is made from its committed PTX.

@@ -35,6 +35,13 @@ PINNED_PTXAS = Path(".toolchain/site/nvidia/cu13/bin/ptxas")
 TRITON_VERSION = "3.6.0"
 # Extra rows of the reachability table beyond the manifest's targets.
 EXTRA_TABLE_TARGETS = ["sm_90a", "sm_100a", "sm_110a"]
+# Shared memory one block may use (the opt-in maximum, static plus dynamic) by capability: the CUDA
+# C++ Programming Guide's table of technical specifications. An image past its target's limit could
+# never launch there, so generation stops. The PTX fallback must fit the smallest of them: the driver
+# JIT-compiles it for any GPU from its capability up.
+SHARED_OPTIN_BYTES = {80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10,
+                      100: 227 << 10, 103: 227 << 10, 110: 227 << 10, 120: 99 << 10, 121: 99 << 10}
+FALLBACK_SHARED_BYTES = min(SHARED_OPTIN_BYTES.values())
 
 
 def fail(message):
@@ -113,6 +120,13 @@ def plan(manifest):
 
 # --- worker side: one (module, capability) compile in a process whose environment picks the ptxas.
 
+def num_stages_for(spec, cap):
+    """The spec's pipeline depth for a capability: `num_stages`, or its `num_stages_by_cap` entry where
+    the deeper pipeline would not fit that GPU's shared memory. The PTX fallback is the compile of its
+    capability (the same PTX as that SASS target's), so that entry sets both."""
+    return spec.get("num_stages_by_cap", {}).get(cap, spec["num_stages"])
+
+
 def _worker_init(env):
     for key in [k for k in os.environ if k.startswith("TRITON_")]:
         del os.environ[key]
@@ -156,7 +170,8 @@ def compile_one(job):
         # Triton prints the whole PTX when ptxas fails; the error below says what matters.
         with contextlib.redirect_stdout(io.StringIO()):
             compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                                      options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
+                                      options={"num_warps": spec["num_warps"],
+                                               "num_stages": num_stages_for(spec, cap)})
     except Exception as e:  # the error is the result: the reachability table reports it
         text = str(e).strip()
         fatal = [line.strip() for line in text.splitlines() if "fatal" in line]
@@ -266,9 +281,20 @@ def generate(out_dir, processes):
             (mdir / ptx_name).write_text(r["ptx"])
             info = dict(r["metadata"])
             info.pop("name")
-            for k in ("num_warps", "num_ctas", "num_stages", "triton_version"):
+            for k in ("num_warps", "num_ctas", "triton_version"):
                 if info.pop(k) != first["metadata"][k]:
                     fail(f"module {m['name']}: {k} differs between targets")
+            # Recorded per image only where a target takes another depth than the spec's.
+            if info["num_stages"] == spec["num_stages"]:
+                info.pop("num_stages")
+            fallback = not target.startswith("sm_")
+            limit = FALLBACK_SHARED_BYTES if fallback else SHARED_OPTIN_BYTES.get(cap)
+            if limit is None:
+                fail(f"module {m['name']}: no shared-memory limit is known for {target}; add it to SHARED_OPTIN_BYTES")
+            if info["shared"] > limit:
+                fail(f"module {m['name']}: the {target} image needs {info['shared']} bytes of shared memory, past the "
+                     f"{limit} one block may use {'on the smallest GPU its PTX may run on' if fallback else 'there'}; "
+                     f"give its spec a shallower pipeline there (num_stages_by_cap {{{cap}: N}})")
             image = dict(ptx=ptx_name, ptx_sha256=sha256_bytes(r["ptx"].encode()), ptx_version=r["ptx_version"],
                          ptx_target=triton_arch(cap), **info)
             if target.startswith("sm_"):
@@ -288,7 +314,7 @@ def generate(out_dir, processes):
             constexprs=dict(spec["constexprs"]),
             num_warps=first["metadata"]["num_warps"],
             num_ctas=first["metadata"]["num_ctas"],
-            num_stages=first["metadata"]["num_stages"],
+            num_stages=spec["num_stages"],
             images=images,
         )
         (mdir / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
