@@ -35,10 +35,12 @@ PINNED_PTXAS = Path(".toolchain/site/nvidia/cu13/bin/ptxas")
 TRITON_VERSION = "3.6.0"
 # Extra rows of the reachability table beyond the manifest's targets.
 EXTRA_TABLE_TARGETS = ["sm_90a", "sm_100a", "sm_110a"]
-# Shared memory one block may use (the opt-in maximum, static plus dynamic) by capability: the CUDA
-# C++ Programming Guide's table of technical specifications. An image past its target's limit could
-# never launch there, so generation stops. The PTX fallback must fit the smallest of them: the driver
-# JIT-compiles it for any GPU from its capability up.
+# Shared memory one block may use (the opt-in maximum, static plus dynamic) by capability, from the
+# CUDA C++ Programming Guide's table of technical specifications (the H200's driver reports 232,448;
+# src/dispatch/load.rs notes sm_120's 101,376). 11.0 (Thor, sm_101 before CUDA 13) is
+# taken as its 10.x family's, 12.1 (GB10) as 12.0's: no such GPU has been at hand to read. An image
+# past its target's limit could never launch there, so generation stops. The PTX fallback must fit
+# the smallest of them: the driver JIT-compiles it for any GPU from its capability up.
 SHARED_OPTIN_BYTES = {80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10,
                       100: 227 << 10, 103: 227 << 10, 110: 227 << 10, 120: 99 << 10, 121: 99 << 10}
 FALLBACK_SHARED_BYTES = min(SHARED_OPTIN_BYTES.values())
