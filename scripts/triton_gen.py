@@ -299,7 +299,7 @@ def generate(out_dir, processes):
                      f"give its spec a shallower pipeline there (num_stages_by_cap {{{cap}: N}})")
             image = dict(ptx=ptx_name, ptx_sha256=sha256_bytes(r["ptx"].encode()), ptx_version=r["ptx_version"],
                          ptx_target=triton_arch(cap), **info)
-            if target.startswith("sm_"):
+            if not fallback:
                 image.update(cubin_sha256=r["cubin_sha256"], ptxas_args=r["ptxas_args"], registers=r["registers"],
                              spill_store_bytes=r["spill_store_bytes"], spill_load_bytes=r["spill_load_bytes"])
             images[target] = image
