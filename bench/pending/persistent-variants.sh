@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Builds and measures the persistent step's pending patches against HEAD (bench/pending/README.md).
+#
+#   bash bench/pending/persistent-variants.sh build [DIR]   # here: one folder of binaries a build
+#   bash bench/pending/persistent-variants.sh run DIR OUT   # on the GPU machine: the measurements
+#
+# `build` puts into DIR (default .gpu-carry/variants, git-ignored) head/ and one folder per patch of
+# bench/pending/persistent-*.patch, each with the probe, qwen-decode, gpu_persistent and gpu_engine
+# of HEAD with that patch applied (the lock rewritten for the build, then restored), and packs them
+# into DIR.tar.xz. The working tree must be clean; it is left as it was.
+# `run` (DIR.tar.xz unpacked into DIR) runs, for every build: gpu_persistent (SASS and PTX, every
+# block count); the probe, builds alternating, twice; the dense engine bench with both step kinds,
+# builds alternating, twice; and for the patches gpu_engine's oracle matrix; a build whose probe
+# fails gets compute-sanitizer's memcheck on a one-layer probe. Logs go to OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-}
+case "$mode" in
+build)
+    dir=${2:-.gpu-carry/variants}
+    if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+        echo "persistent-variants: the working tree has changes; commit or stash them first" >&2
+        exit 2
+    fi
+    rm -rf "$dir" && mkdir -p "$dir"
+    built() { # name: copy this tree's binaries
+        export AOT_UPDATE_LOCK=1
+        cargo build --release --example persistent_probe -q &&
+            cargo build --release -p qwen-engine --bin qwen-decode -q || return 1
+        local tests
+        tests=$(cargo test --release --test gpu_persistent --no-run --message-format=json -q 2>/dev/null;
+                cargo test --release -p qwen-engine --test gpu_engine --no-run --message-format=json -q 2>/dev/null)
+        mkdir -p "$dir/$1"
+        cp target/release/examples/persistent_probe target/release/qwen-decode "$dir/$1/"
+        for t in gpu_persistent gpu_engine; do
+            exe=$(printf '%s\n' "$tests" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == '$t':
+        print(m['executable'])" | tail -1)
+            [ -n "$exe" ] && cp "$exe" "$dir/$1/$t"
+        done
+        unset AOT_UPDATE_LOCK
+    }
+    built head || exit 1
+    for patch in bench/pending/persistent-*.patch; do
+        name=$(basename "$patch" .patch)
+        git apply "$patch" || { echo "persistent-variants: $patch does not apply" >&2; exit 1; }
+        built "$name"; rc=$?
+        git checkout -- kernels aot-manifest.lock
+        [ $rc -eq 0 ] || { echo "persistent-variants: $name does not build" >&2; exit 1; }
+    done
+    (cd "$dir" && tar -cf - . | xz -T2 -3 --lzma2=dict=256MiB >"../$(basename "$dir").tar.xz")
+    echo "persistent-variants: $(ls "$dir" | tr '\n' ' ')-> $dir.tar.xz"
+    ;;
+run)
+    dir=${2:?run needs DIR}
+    out=${3:?run needs OUT}
+    mkdir -p "$out"
+    export RUST_LOG=warn QWEN_FIXTURES=$PWD/qwen-engine/tests/fixtures PATH=$PATH:/usr/local/cuda/bin
+    builds=$(ls "$dir")
+    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+    for b in $builds; do
+        (cd "$dir/$b" && timeout 150 ./gpu_persistent --include-ignored --test-threads=1 --nocapture \
+            >"$out/$b-gpu_persistent.log" 2>&1)
+        echo "$b gpu_persistent rc $? $(grep '^test result' "$out/$b-gpu_persistent.log")"
+    done
+    for i in 1 2; do for b in $builds; do
+        echo "== $b run $i" >>"$out/probe.log"
+        timeout 60 "$dir/$b/persistent_probe" --runs 20 >>"$out/probe.log" 2>&1
+        echo "rc $?" >>"$out/probe.log"
+    done; done
+    grep -E "==|m [18]: (persistent \(8|launches)|rc [^0]" "$out/probe.log"
+    for i in 1 2; do for b in $builds; do
+        timeout 120 "$dir/$b/qwen-decode" bench --model qwen3-4b --policy auto --step launches,persistent \
+            --inputs 16,1024 --concurrency 1,8 --out "$out/engine-$b-$i" >"$out/engine-$b-$i.log" 2>&1
+        echo "engine $b $i rc $?"; grep "tok/s" "$out/engine-$b-$i.log" | cut -c1-120
+    done; done
+    for b in $builds; do
+        [ "$b" = head ] && continue
+        if grep -A3 "== $b run 1" "$out/probe.log" | grep -q "rc [^0]"; then
+            timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$dir/$b/persistent_probe" --layers 1 --runs 1 \
+                >"$out/$b-memcheck.log" 2>&1
+            echo "$b memcheck rc $?"; head -20 "$out/$b-memcheck.log"
+            continue
+        fi
+        (cd "$dir/$b" && timeout 200 ./gpu_engine gpu_engine_ --include-ignored --test-threads=1 --nocapture \
+            >"$out/$b-gpu_engine.log" 2>&1)
+        echo "$b gpu_engine rc $? $(grep '^test result' "$out/$b-gpu_engine.log")"
+    done
+    ;;
+*)
+    echo "usage: $0 build [DIR] | run DIR OUT" >&2
+    exit 2
+    ;;
+esac
