@@ -6,7 +6,8 @@
 #
 # `build` puts into DIR (default .gpu-carry/variants, git-ignored) head/ and one folder per patch of
 # bench/pending/persistent-*.patch, each with the probe, qwen-decode, gpu_persistent and gpu_engine
-# of HEAD with that patch applied (the lock rewritten for the build, then restored), and packs them
+# of HEAD with that patch applied (scripts/gpu-bundle.sh and the probe, the lock rewritten for the
+# build, then restored; .gpu-bundle/ is left holding the last build), and packs them
 # into DIR.tar.xz. The working tree must be clean; it is left as it was.
 # `run` (DIR.tar.xz unpacked into DIR) runs, for every build: gpu_persistent (SASS and PTX, every
 # block count); the probe, builds alternating, twice; the dense engine bench with both step kinds,
@@ -23,26 +24,12 @@ build)
         exit 2
     fi
     rm -rf "$dir" && mkdir -p "$dir"
-    built() { # name: copy this tree's binaries
-        export AOT_UPDATE_LOCK=1
-        cargo build --release --example persistent_probe -q &&
-            cargo build --release -p qwen-engine --bin qwen-decode -q || return 1
-        local tests
-        tests=$(cargo test --release --test gpu_persistent --no-run --message-format=json -q 2>/dev/null;
-                cargo test --release -p qwen-engine --test gpu_engine --no-run --message-format=json -q 2>/dev/null)
+    built() { # name: this tree's binaries (gpu-bundle.sh builds and gathers the GPU tests)
+        AOT_UPDATE_LOCK=1 bash scripts/gpu-bundle.sh -q >/dev/null &&
+            AOT_UPDATE_LOCK=1 cargo build --release --example persistent_probe -q || return 1
         mkdir -p "$dir/$1"
-        cp target/release/examples/persistent_probe target/release/qwen-decode "$dir/$1/"
-        for t in gpu_persistent gpu_engine; do
-            exe=$(printf '%s\n' "$tests" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == '$t':
-        print(m['executable'])" | tail -1)
-            [ -n "$exe" ] && cp "$exe" "$dir/$1/$t"
-        done
-        unset AOT_UPDATE_LOCK
+        cp target/release/examples/persistent_probe .gpu-bundle/qwen-decode .gpu-bundle/tests/gpu_persistent \
+            .gpu-bundle/tests/gpu_engine "$dir/$1/"
     }
     built head || exit 1
     for patch in bench/pending/persistent-*.patch; do
