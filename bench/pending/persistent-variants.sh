@@ -5,14 +5,17 @@
 #   bash bench/pending/persistent-variants.sh run DIR OUT   # on the GPU machine: the measurements
 #
 # `build` puts into DIR (default .gpu-carry/variants, git-ignored) head/ and one folder per patch of
-# bench/pending/persistent-*.patch, each with the probe, qwen-decode, gpu_persistent and gpu_engine
-# of HEAD with that patch applied (scripts/gpu-bundle.sh and the probe, the lock rewritten for the
-# build, then restored; .gpu-bundle/ is left holding the last build), and packs them
-# into DIR.tar.xz. The working tree must be clean; it is left as it was.
+# bench/pending/persistent-*.patch, each with the probe, qwen-decode, gpu_persistent, gpu_engine and
+# gpu_decode of HEAD with that patch applied (scripts/gpu-bundle.sh and the probe, the lock rewritten
+# for the build; then the patch reversed and the lock restored; .gpu-bundle/ is left holding the last
+# build), and packs them into DIR.tar.xz (one xz stream with a dictionary that spans the builds: their
+# embedded images are mostly the same). A patch named `A+B.patch` goes on top of `A.patch`. The
+# working tree must be clean; it is left as it was.
 # `run` (DIR.tar.xz unpacked into DIR) runs, for every build: gpu_persistent (SASS and PTX, every
 # block count); the probe, builds alternating, twice; the dense engine bench with both step kinds,
-# builds alternating, twice; and for the patches gpu_engine's oracle matrix; a build whose probe
-# fails gets compute-sanitizer's memcheck on a one-layer probe. Logs go to OUT.
+# builds alternating, twice; for the patches gpu_engine's oracle matrix, and for those named
+# `*attention*` gpu_decode's test of the attention tasks; a build whose probe fails gets
+# compute-sanitizer's memcheck on a one-layer probe. Logs go to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -29,17 +32,25 @@ build)
             AOT_UPDATE_LOCK=1 cargo build --release --example persistent_probe -q || return 1
         mkdir -p "$dir/$1"
         cp target/release/examples/persistent_probe .gpu-bundle/qwen-decode .gpu-bundle/tests/gpu_persistent \
-            .gpu-bundle/tests/gpu_engine "$dir/$1/"
+            .gpu-bundle/tests/gpu_engine .gpu-bundle/tests/gpu_decode "$dir/$1/"
     }
     built head || exit 1
     for patch in bench/pending/persistent-*.patch; do
         name=$(basename "$patch" .patch)
-        git apply "$patch" || { echo "persistent-variants: $patch does not apply" >&2; exit 1; }
-        built "$name"; rc=$?
-        git checkout -- kernels aot-manifest.lock
+        stack=()  # A+B: A's patch first
+        [[ $name == *+* ]] && stack=("bench/pending/${name%%+*}.patch")
+        stack+=("$patch")
+        applied=()
+        for p in "${stack[@]}"; do
+            git apply "$p" || { echo "persistent-variants: $p does not apply" >&2; rc=1; break; }
+            applied=("$p" "${applied[@]}")
+        done
+        [ ${#applied[@]} -eq ${#stack[@]} ] && { built "$name"; rc=$?; }
+        git checkout -- aot-manifest.lock
+        for p in "${applied[@]}"; do git apply -R "$p"; done
         [ $rc -eq 0 ] || { echo "persistent-variants: $name does not build" >&2; exit 1; }
     done
-    (cd "$dir" && tar -cf - . | xz -T2 -3 --lzma2=dict=256MiB >"../$(basename "$dir").tar.xz")
+    (cd "$dir" && tar -cf - . | xz -T1 --lzma2=preset=1,dict=1536MiB >"../$(basename "$dir").tar.xz")
     echo "persistent-variants: $(ls "$dir" | tr '\n' ' ')-> $dir.tar.xz"
     ;;
 run)
@@ -76,6 +87,11 @@ run)
         (cd "$dir/$b" && timeout 200 ./gpu_engine gpu_engine_ --include-ignored --test-threads=1 --nocapture \
             >"$out/$b-gpu_engine.log" 2>&1)
         echo "$b gpu_engine rc $? $(grep '^test result' "$out/$b-gpu_engine.log")"
+        if [[ $b == *attention* ]]; then
+            (cd "$dir/$b" && timeout 90 ./gpu_decode gpu_attention_as_tasks --include-ignored --test-threads=1 \
+                >"$out/$b-gpu_decode.log" 2>&1)
+            echo "$b gpu_decode rc $? $(grep '^test result' "$out/$b-gpu_decode.log")"
+        fi
     done
     ;;
 *)
