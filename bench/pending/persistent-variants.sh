@@ -2,7 +2,8 @@
 # Builds and measures the persistent step's pending patches against HEAD (bench/pending/README.md).
 #
 #   bash bench/pending/persistent-variants.sh build [DIR]   # here: one folder of binaries a build
-#   bash bench/pending/persistent-variants.sh run DIR OUT   # on the GPU machine: the measurements
+#   bash bench/pending/persistent-variants.sh run DIR OUT [BUILD...]   # on the GPU machine: the
+#                                                          # measurements (every build, or those named)
 #
 # `build` puts into DIR (default .gpu-carry/variants, git-ignored) head/ and one folder per patch of
 # bench/pending/persistent-*.patch, each with the probe, qwen-decode, gpu_persistent, gpu_engine and
@@ -56,9 +57,10 @@ build)
 run)
     dir=${2:?run needs DIR}
     out=${3:?run needs OUT}
+    shift 3
     mkdir -p "$out"
     export RUST_LOG=warn QWEN_FIXTURES=$PWD/qwen-engine/tests/fixtures PATH=$PATH:/usr/local/cuda/bin
-    builds=$(ls "$dir")
+    builds=${*:-$(ls "$dir")}  # gpu_engine may take up to 200 s a build: a call's 600 s hold few
     nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | tee "$out/gpu.txt"
     for b in $builds; do
         (cd "$dir/$b" && timeout 150 ./gpu_persistent --include-ignored --test-threads=1 --nocapture \
@@ -95,7 +97,7 @@ run)
     done
     ;;
 *)
-    echo "usage: $0 build [DIR] | run DIR OUT" >&2
+    echo "usage: $0 build [DIR] | run DIR OUT [BUILD...]" >&2
     exit 2
     ;;
 esac
