@@ -377,9 +377,10 @@ __device__ __forceinline__ void task_end(const StepParams& p, const Task& t, con
             }
         }
     }
+    // The release-add orders the warp's stores before it (the __syncwarp made them lane 0's to
+    // order): no separate fence.
     __syncwarp();
     if (t.signal_counter >= 0 && t.signal_add > 0 && lane == 0) {
-        __threadfence();
         red_release_add(p.counters + t.signal_counter, t.signal_add);
     }
 }
