@@ -610,15 +610,18 @@ __device__ __forceinline__ void attn_decode(const AttnDecodeParams& p) {
         return;
     }
 
-    __threadfence();
+    // The block's partials are stored (the barrier makes them thread 0's to order); one acq_rel
+    // add releases them and, in the last block, acquires every other block's (as the GEMV's
+    // residual_norm_tail and cooperative groups' grid barrier do): no separate fences.
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* counter = p.counters + row * p.kv_heads + kvh;
-        is_last = atomicAdd(counter, 1u) == static_cast<unsigned>(sp.count - 1);
+        unsigned before;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+        is_last = before == static_cast<unsigned>(sp.count - 1);
     }
     __syncthreads();
     if (!is_last) return;
-    __threadfence();
     // The last block merges the splits. Every load it needs goes out before any is used: thread
     // tid takes elements (head, dim) = tid, tid + 128, ... and requests its first kChunk splits' o
     // partials, threads below the group size every split's (max, sum) pair, all in one round trip
