@@ -16,6 +16,9 @@
 //!
 //!     cargo run --release --example persistent_probe -- [--layers 36] [--runs 20] [--blocks N]
 
+#[path = "support/timing.rs"]
+mod timing;
+
 use std::time::Instant;
 
 use aot_kernels::dispatch::{load_available, open_device, LoadedKernels, ModuleSource, Policy};
@@ -24,11 +27,10 @@ use aot_kernels::ops::persistent::{
     pack_weights, schedule, GemvBinding, GemvNode, PackedWeights, PersistentStep, StepInput,
     StepOutput, StepWeights,
 };
-use aot_kernels::ops::stream_read::{stream_read, Reader};
 use aot_kernels::ops::{dev, dev_mut};
-use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use timing::time;
 
 struct Args {
     layers: usize,
@@ -102,32 +104,6 @@ fn qwen3_4b_chain(layers: usize, narrow_rows: usize) -> Vec<GemvNode> {
     ops
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median milliseconds of `runs` calls of `f` (after two warm-ups), each timed by CUDA events.
-fn time(
-    kernels: &LoadedKernels,
-    runs: usize,
-    mut f: impl FnMut() -> Result<(), String>,
-) -> Result<f64, String> {
-    let s = kernels.stream();
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let mut ms = Vec::with_capacity(runs);
-    for i in 0..runs + 2 {
-        let a = s.record_event(flags).map_err(|e| e.to_string())?;
-        f()?;
-        let b = s.record_event(flags).map_err(|e| e.to_string())?;
-        b.synchronize().map_err(|e| e.to_string())?;
-        if i >= 2 {
-            ms.push(f64::from(a.elapsed_ms(&b).map_err(|e| e.to_string())?));
-        }
-    }
-    Ok(median(ms))
-}
-
 fn run() -> Result<(), String> {
     let a = args()?;
     let started = Instant::now();
@@ -185,32 +161,7 @@ fn run() -> Result<(), String> {
         rows.push(buf);
     }
     // The limit: the streaming readers over the same number of bytes, the faster of the two.
-    let words = weight_bytes / 4 / 4 * 4;
-    let limit_gbs = {
-        let data = s.alloc_zeros::<u32>(words).map_err(d_err)?;
-        let mut best = 0.0f64;
-        for reader in Reader::ALL {
-            let mut xor = s.alloc_zeros::<u32>(reader.blocks(sms)).map_err(d_err)?;
-            let ms = time(&kernels, a.runs, || {
-                stream_read(
-                    &kernels,
-                    reader,
-                    dev(&kernels, &data),
-                    dev_mut(&kernels, &mut xor),
-                )
-                .map_err(e)
-            })?;
-            let gbs = (words * 4) as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "limit: {} reads {:.2} GB in {:.1} us = {gbs:.0} GB/s",
-                reader.entry(),
-                (words * 4) as f64 / 1e9,
-                ms * 1e3
-            );
-            best = best.max(gbs);
-        }
-        best
-    };
+    let limit_gbs = timing::limit_gbs(&kernels, weight_bytes, a.runs)?;
     for m in [1usize, 8] {
         let x0 = {
             let mut x = s.alloc_zeros::<bf16>(m * ops[0].k).map_err(d_err)?;

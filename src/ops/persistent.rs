@@ -110,12 +110,26 @@ pub struct Schedule {
 /// the ops' bytes even out over the blocks. Each op counts its tiles done on its own counter; a
 /// tile of an op with `after` waits for that op's whole count.
 pub fn schedule(ops: &[GemvNode], blocks: usize) -> Result<Schedule, OpsError> {
+    schedule_in_runs(ops, blocks, 1)
+}
+
+/// [`schedule`] dealing `run` consecutive tiles of an op to a block at a time (an op's first and
+/// last deals may be shorter: the deal goes on where the last op left off), so that a block's
+/// tiles of one op form runs of up to `run`: one counter wait and one copy of x a run. For steps of
+/// many small ops (a MoE layer's experts at one token), where dealing single tiles makes every tile
+/// a run of its own; the bytes even out less finely over the blocks.
+pub fn schedule_in_runs(ops: &[GemvNode], blocks: usize, run: usize) -> Result<Schedule, OpsError> {
     let bad = |message: String| OpsError::Shape {
         op: "persistent::schedule",
         message,
     };
     if blocks == 0 {
         return Err(bad("0 blocks: a schedule needs at least one".into()));
+    }
+    if run == 0 {
+        return Err(bad(
+            "runs of 0 tiles: deal at least one tile at a time".into()
+        ));
     }
     for (j, op) in ops.iter().enumerate() {
         if op.n == 0 || op.k == 0 || !op.k.is_multiple_of(8) {
@@ -145,7 +159,7 @@ pub fn schedule(ops: &[GemvNode], blocks: usize) -> Result<Schedule, OpsError> {
             None => (-1, 0),
         };
         for tile in 0..op.tiles() {
-            lists[next % blocks].push(Task {
+            lists[(next / run) % blocks].push(Task {
                 kind: KIND_GEMV_TILE,
                 wait_counter,
                 wait_count,
@@ -1102,6 +1116,44 @@ mod tests {
             .to_string()
             .contains("multiple of 8"));
         assert!(schedule(&chain(), 0).is_err());
+    }
+
+    #[test]
+    fn a_deal_in_runs_gives_runs_of_that_length_and_passes_the_check() {
+        let total: usize = chain().iter().map(GemvNode::tiles).sum();
+        for run in [1, 2, 3, 4] {
+            // As many blocks as tiles: no block is dealt twice in one op, so each of its runs is
+            // one deal: at most `run` tiles, and exactly `run` inside an op of 2 * run tiles.
+            let s = schedule_in_runs(&chain(), total, run).unwrap();
+            s.check().unwrap();
+            let mut runs = Vec::new();
+            for b in 0..total {
+                let list = &s.tasks[s.begin[b] as usize..s.begin[b + 1] as usize];
+                runs.extend(
+                    list.iter()
+                        .filter(|t| t.signal_add > 0)
+                        .map(|t| t.signal_add),
+                );
+            }
+            assert_eq!(runs.iter().sum::<u32>() as usize, total);
+            assert!(
+                runs.iter().all(|&r| r as usize <= run),
+                "runs of {run}: {runs:?}"
+            );
+            assert!(runs.contains(&(run as u32)), "runs of {run}: {runs:?}");
+            // Fewer blocks than deals: the check still proves it.
+            for blocks in [1, 2, 3, 7] {
+                schedule_in_runs(&chain(), blocks, run)
+                    .unwrap()
+                    .check()
+                    .unwrap();
+            }
+        }
+        assert_eq!(
+            schedule_in_runs(&chain(), 5, 1).unwrap(),
+            schedule(&chain(), 5).unwrap()
+        );
+        assert!(schedule_in_runs(&chain(), 4, 0).is_err());
     }
 
     #[test]
