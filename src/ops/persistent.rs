@@ -114,10 +114,11 @@ pub fn schedule(ops: &[GemvNode], blocks: usize) -> Result<Schedule, OpsError> {
 }
 
 /// [`schedule`] dealing `run` consecutive tiles of an op to a block at a time (an op's first and
-/// last deals may be shorter: the deal goes on where the last op left off), so that a block's
-/// tiles of one op form runs of up to `run`: one counter wait and one copy of x a run. For steps of
-/// many small ops (a MoE layer's experts at one token), where dealing single tiles makes every tile
-/// a run of its own; the bytes even out less finely over the blocks.
+/// last deals may be shorter: the deal goes on where the last op left off). A block's tiles of one
+/// op are consecutive in its list either way, and make one run (one counter wait and one copy of
+/// x); dealt singly, an op with fewer tiles than blocks gives each block one tile, a run of one,
+/// where deals of `run` give fewer blocks runs of `run`. For steps of many small ops (a MoE layer's
+/// experts at one token); the bytes even out less finely over the blocks.
 pub fn schedule_in_runs(ops: &[GemvNode], blocks: usize, run: usize) -> Result<Schedule, OpsError> {
     let bad = |message: String| OpsError::Shape {
         op: "persistent::schedule",
