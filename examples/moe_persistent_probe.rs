@@ -78,8 +78,17 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
+/// What op `j` of [`layer_ops`] is.
+fn kind_of(j: usize) -> &'static str {
+    match j {
+        0 => "router",
+        j if j <= SLOTS => "gate_up",
+        _ => "down",
+    }
+}
+
 /// One layer's ops: the router, then gate_up of each slot, then down of each slot after its
-/// gate_up.
+/// gate_up ([`kind_of`] names them).
 fn layer_ops(shape: &MoeShape) -> Vec<GemvNode> {
     let (h, e, i) = (shape.hidden, shape.experts, shape.inter);
     let mut ops = vec![GemvNode {
@@ -184,8 +193,9 @@ fn run() -> Result<(), String> {
             }
             Ok(())
         })?;
-        // Its bytes: the router, the shared gate, the 8 chosen and the shared expert.
-        let bytes = (e * h + h + SLOTS * 3 * i * h) * 2;
+        // Its bytes: the persistent layer's (router, the 8 chosen and the shared expert) and the
+        // shared gate.
+        let bytes = layer_bytes + 2 * h;
         report(
             "triton block (4 launches a layer)",
             ms,
@@ -207,7 +217,7 @@ fn run() -> Result<(), String> {
                 .zip(&ops)
                 .enumerate()
                 .map(|(j, (w, o))| {
-                    let paired = (1..=SLOTS).contains(&j);
+                    let paired = kind_of(j) == "gate_up";
                     pack_weights(&kernels, dev(&kernels, w), o.n, o.k, o.tile_rows, paired)
                         .map_err(err)
                 })
@@ -223,6 +233,13 @@ fn run() -> Result<(), String> {
         .map(|_| s.alloc_zeros::<bf16>(h))
         .collect::<Result<_, _>>()
         .map_err(d_err)?;
+    let tiles = |kind: &str| -> usize {
+        ops.iter()
+            .enumerate()
+            .filter(|(j, _)| kind_of(*j) == kind)
+            .map(|(_, o)| o.tiles())
+            .sum()
+    };
     let mut results = Vec::new();
     // (packed, tiles dealt to a block at a time): single tiles make every tile of this step a run
     // of its own (19 small ops over 132 blocks); runs share one counter wait and copy of x.
@@ -231,7 +248,6 @@ fn run() -> Result<(), String> {
             "persistent, {}, runs of {run}",
             if is_packed { "packed" } else { "row-major" }
         );
-        let name = name.as_str();
         let sched = schedule_in_runs(&ops, sms, run).map_err(err)?;
         sched.check()?;
 
@@ -277,41 +293,19 @@ fn run() -> Result<(), String> {
             }
             steps.push(PersistentStep::new(&kernels, &ops, &sched, binds).map_err(err)?);
         }
-        let ms = time(&kernels, a.runs, || {
-            steps
-                .iter_mut()
-                .try_for_each(|st| st.launch(&kernels))
-                .map_err(err)
-        })?;
-        report(name, ms, a.layers, total);
+        let ms = timing::time_launches(&kernels, a.runs, &mut steps)?;
+        report(&name, ms, a.layers, total);
         // One stamped launch of the last layer: where a block's time goes, per op kind.
         if let Some(last) = steps.last_mut() {
             use aot_kernels::ops::persistent_trace::{kind_times, table};
-            last.enable_stamps(&kernels).map_err(err)?;
-            last.launch(&kernels).map_err(err)?;
-            let runs = last.read_stamps(&kernels).map_err(err)?;
-            let kind = |op: usize| {
-                match op {
-                    0 => "router",
-                    o if o <= SLOTS => "gate_up",
-                    _ => "down",
-                }
-                .to_string()
-            };
-            let tiles = |k: &str| {
-                ops.iter()
-                    .enumerate()
-                    .filter(|(j, _)| kind(*j) == k)
-                    .map(|(_, o)| o.tiles())
-                    .sum::<usize>()
-            };
+            let runs = timing::stamped_launch(&kernels, last)?;
             println!(
                 "stamped launch ({name}; {} router, {} gate_up and {} down tiles of {} tasks over {sms} blocks):\n{}",
                 tiles("router"),
                 tiles("gate_up"),
                 tiles("down"),
                 sched.tasks.len(),
-                table(&kind_times(&runs, &kind))
+                table(&kind_times(&runs, &|j| kind_of(j).to_string()))
             );
         }
         let mut got = s

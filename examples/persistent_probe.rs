@@ -251,12 +251,7 @@ fn run() -> Result<(), String> {
             st.set_programmatic(!a.no_pdl);
             steps.push(st);
         }
-        let ms = time(&kernels, a.runs, || {
-            steps
-                .iter_mut()
-                .try_for_each(|st| st.launch(&kernels))
-                .map_err(e)
-        })?;
+        let ms = timing::time_launches(&kernels, a.runs, &mut steps)?;
         report(&format!("launches ({} of them)", ops.len()), ms);
         let per_op = outs
             .last()
@@ -298,10 +293,7 @@ fn trace(
     name: &str,
 ) -> Result<(), String> {
     use aot_kernels::ops::persistent_trace::{kind_times, table, timeline_svg};
-    let e = |e: aot_kernels::ops::OpsError| e.to_string();
-    step.enable_stamps(kernels).map_err(e)?;
-    step.launch(kernels).map_err(e)?;
-    let runs = step.read_stamps(kernels).map_err(e)?;
+    let runs = timing::stamped_launch(kernels, step)?;
     let kinds = kind_of(step.schedule().per_launch.len());
     println!(
         "trace of {name} ({file}):\n{}",

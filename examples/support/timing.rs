@@ -1,4 +1,5 @@
-//! Timing shared by the probes (`#[path]`-included: examples have no library of their own).
+//! Timing shared by the probes (`#[path]`-included: examples have no library of their own): CUDA
+//! event medians, the streaming limit, a pass of persistent launches, a stamped launch.
 
 use aot_kernels::dispatch::LoadedKernels;
 use cudarc::driver::sys::CUevent_flags;
@@ -61,4 +62,29 @@ pub fn limit_gbs(kernels: &LoadedKernels, bytes: usize, runs: usize) -> Result<f
         best = best.max(gbs);
     }
     Ok(best)
+}
+
+/// Median milliseconds of `runs` passes that launch each of `steps` once, in order.
+pub fn time_launches(
+    kernels: &LoadedKernels,
+    runs: usize,
+    steps: &mut [aot_kernels::ops::persistent::PersistentStep<'_>],
+) -> Result<f64, String> {
+    time(kernels, runs, || {
+        steps
+            .iter_mut()
+            .try_for_each(|st| st.launch(kernels))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// One stamped launch of `step` (its stamps switched on for good): every run's stamps.
+pub fn stamped_launch(
+    kernels: &LoadedKernels,
+    step: &mut aot_kernels::ops::persistent::PersistentStep<'_>,
+) -> Result<Vec<aot_kernels::ops::persistent::RunStamp>, String> {
+    let e = |e: aot_kernels::ops::OpsError| e.to_string();
+    step.enable_stamps(kernels).map_err(e)?;
+    step.launch(kernels).map_err(e)?;
+    step.read_stamps(kernels).map_err(e)
 }
