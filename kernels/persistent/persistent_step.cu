@@ -327,12 +327,21 @@ __device__ __forceinline__ void task_start(const StepParams& p, unsigned epoch, 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
+// Named barrier 2 (the bulk path): warp 0 arrives once it has read a tile's fragments; warps 1-7
+// wait for that before they store the next tile's, so no fragment is overwritten while warp 0
+// still reads it. The cp.async path needs none: every slot's barrier already orders the two.
+__device__ __forceinline__ void fragments_free_wait() { asm volatile("bar.sync 2, 256;" ::: "memory"); }
+__device__ __forceinline__ void fragments_free_arrive() { asm volatile("bar.arrive 2, 256;" ::: "memory"); }
+
 // A task's end: the warps' fragments added in warp order by warp 0, which applies the op's
-// epilogue and adds the run's length to the task's counter at a run's last tile.
+// epilogue and adds the run's length to the task's counter at a run's last tile. `handoff` (the
+// bulk path): `wait_free` if warp 0 read an earlier tile's fragments in this block, `arrive_free`
+// if a later tile follows (so that the barrier's arrivals match its waits).
 __device__ __forceinline__ void task_end(const StepParams& p, const Task& t, const GemvOp& op, const float (&acc)[4],
-                                         float4* red) {
+                                         float4* red, bool wait_free, bool arrive_free) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
+    if (wait_free && warp != 0) fragments_free_wait();
     red[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     math_barrier();
     if (warp != 0) return;
@@ -344,6 +353,7 @@ __device__ __forceinline__ void task_end(const StepParams& p, const Task& t, con
         sum.z += v.z;
         sum.w += v.w;
     }
+    if (arrive_free) fragments_free_arrive();
     // vals[i]: row g + (i / 2) * 8 of the tile, token 2 tq + i % 2.
     const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
     if (op.epilogue == kSiluMul) {
@@ -465,7 +475,7 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
                 phase ^= 1;
             }
         }
-        task_end(p, t, op, acc, red);
+        task_end(p, t, op, acc, red, ti > begin, ti + 1 < end);
         if (kStamp && threadIdx.x == 0 && t.signal_add > 0) stamp_end(p, run_start, weight_wait);
     }
 }
@@ -510,7 +520,7 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
             slot_math(acc, ring + slot * kSlot, xs, op, two, st * kc);
             slot = (slot + 1) % stages;
         }
-        task_end(p, t, op, acc, red);
+        task_end(p, t, op, acc, red, false, false);
         if (kStamp && threadIdx.x == 0 && t.signal_add > 0) stamp_end(p, run_start, weight_wait);
     }
     aot::cp_async_wait<0>();
