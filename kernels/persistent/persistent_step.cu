@@ -53,6 +53,11 @@
 // copies x ([m][k] bf16, written by other blocks) into shared memory behind the ring (the host
 // sizes the ring to what is left); its last tile adds the run's length to the op's counter.
 //
+// Descriptors: the math warps and the streaming warp read each tile's task a tile ahead and copy
+// its op's descriptor into registers at a run's start, so a tile of few slots (or a row-major
+// slot's four box copies, each behind an asm statement that clobbers memory) does not wait on
+// reloads of them.
+//
 // Co-residency: a block spins on counters that other blocks advance, so every block must be
 // resident at once: the host launches at most one block per SM, with the ring sized so that one
 // block fits an SM.
@@ -447,17 +452,23 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
     unsigned long long run_start = 0, weight_wait = 0;
     int slot = 0;          // the ring slot the next stage lands in
     unsigned phase = 0;    // the parity of that slot's current fill
+    // The tile's descriptor is read a tile ahead, and its op's only at a run's start, so that a
+    // tile of few slots does not wait on their loads.
+    Task t = begin < end ? p.tasks[begin] : Task{};
+    GemvOp op{};
+    unsigned run_op = 0;
     for (unsigned ti = begin; ti < end; ++ti) {
-        const Task t = p.tasks[ti];
-        const GemvOp op = p.ops[t.op];
-        const bool two = t.rows == 16;
-        const int kc = stage_cols(t.rows);
-        const int per_tile = (op.k + kc - 1) / kc;
-        if (ti == begin || p.tasks[ti - 1].op != t.op) {
+        const Task next = ti + 1 < end ? p.tasks[ti + 1] : t;  // read now, used at the next tile
+        if (ti == begin || t.op != run_op) {
+            op = p.ops[t.op];
+            run_op = t.op;
             task_start(p, epoch, ti, t, op, xs, scale);
             run_start = ti;
             weight_wait = 0;
         }
+        const bool two = t.rows == 16;
+        const int kc = stage_cols(t.rows);
+        const int per_tile = (op.k + kc - 1) / kc;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st) {
             if (kStamp && threadIdx.x == 0) {
@@ -477,6 +488,8 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
         }
         task_end(p, t, op, acc, red, ti > begin, ti + 1 < end);
         if (kStamp && threadIdx.x == 0 && t.signal_add > 0) stamp_end(p, run_start, weight_wait);
+
+        t = next;
     }
 }
 #else
@@ -496,17 +509,23 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
     }
     int slot = 0;
+    // The tile's descriptor is read a tile ahead, and its op's only at a run's start, so that a
+    // tile of few slots does not wait on their loads.
+    Task t = begin < end ? p.tasks[begin] : Task{};
+    GemvOp op{};
+    unsigned run_op = 0;
     for (unsigned ti = begin; ti < end; ++ti) {
-        const Task t = p.tasks[ti];
-        const GemvOp op = p.ops[t.op];
-        const bool two = t.rows == 16;
-        const int kc = stage_cols(t.rows);
-        const int per_tile = (op.k + kc - 1) / kc;
-        if (ti == begin || p.tasks[ti - 1].op != t.op) {
+        const Task next = ti + 1 < end ? p.tasks[ti + 1] : t;  // read now, used at the next tile
+        if (ti == begin || t.op != run_op) {
+            op = p.ops[t.op];
+            run_op = t.op;
             task_start(p, epoch, ti, t, op, xs, scale);
             run_start = ti;
             weight_wait = 0;
         }
+        const bool two = t.rows == 16;
+        const int kc = stage_cols(t.rows);
+        const int per_tile = (op.k + kc - 1) / kc;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int st = 0; st < per_tile; ++st) {
             // This slot's copies are done (stages - 2 newer groups may still be in flight), and
@@ -522,6 +541,8 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
         }
         task_end(p, t, op, acc, red, false, false);
         if (kStamp && threadIdx.x == 0 && t.signal_add > 0) stamp_end(p, run_start, weight_wait);
+
+        t = next;
     }
     aot::cp_async_wait<0>();
 }
@@ -567,9 +588,16 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
             const unsigned full0 = aot::smem_u32(full), empty0 = aot::smem_u32(empty);
             int slot = 0;         // the slot to fill next
             unsigned round = 0;   // its fills before this one: from the second on, wait until emptied
+            // As the math's: the next tile's descriptor read a tile ahead, an op's at a run's start.
+            Task t = begin < end ? p.tasks[begin] : Task{};
+            GemvOp op{};
+            unsigned op_of_run = 0;
             for (unsigned ti = begin; ti < end; ++ti) {
-                const Task t = p.tasks[ti];
-                const GemvOp& op = p.ops[t.op];
+                const Task next = ti + 1 < end ? p.tasks[ti + 1] : t;
+                if (ti == begin || t.op != op_of_run) {
+                    op = p.ops[t.op];
+                    op_of_run = t.op;
+                }
                 const int kc = stage_cols(t.rows);
                 const int per_tile = (op.k + kc - 1) / kc;
                 const bool packed = op.layout == kPacked;
@@ -597,6 +625,7 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
                         ++round;
                     }
                 }
+                t = next;
             }
         }
         return;

@@ -115,6 +115,9 @@ pub(super) fn choose_and_pack(
     if choice.step == DecodeStep::Launches {
         return Ok((choice, None));
     }
+    if std::env::var("QWEN_PERSISTENT_WEIGHTS").as_deref() == Ok("row-major") {
+        return Ok((choice, None));
+    }
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
     let shapes = [
         (c.qkv_dim(), h, 16, false),
@@ -135,7 +138,7 @@ pub(super) fn choose_and_pack(
     if free < bytes + PACK_HEADROOM {
         choice.weights = "row-major";
         choice.fallback = Some(format!(
-            "the persistent step reads the row-major weights (slower streams): their packed copy              needs {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
+            "the persistent step reads the row-major weights (slower streams): their packed copy needs {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
             bytes as f64 / 1e9,
             free as f64 / 1e9,
             PACK_HEADROOM as f64 / 1e9
