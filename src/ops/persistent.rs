@@ -565,6 +565,18 @@ fn task_bytes(x_elements: usize) -> usize {
     2 * x_elements + REDUCE_BYTES
 }
 
+/// Whether the loaded step streams its weights with the Tensor Memory Accelerator (its image was
+/// built for sm_90 or later: one bulk copy a packed slot, four 2D box copies a row-major one)
+/// rather than with the math threads' `cp.async` (the compute_80 PTX that `ptx-only` loads, or an
+/// image for an older GPU: a copy per 16-byte piece, which row-major weights make slow).
+pub fn tensor_copies(kernels: &LoadedKernels) -> bool {
+    kernels
+        .report()
+        .modules
+        .iter()
+        .any(|m| m.module == MODULE && m.target.sm >= 90)
+}
+
 /// Ring slots a step whose largest x is `m` rows of `k` would stream through on this GPU, or why
 /// it does not fit (the check [`PersistentStep::new`] makes, for a caller choosing its step first).
 pub fn stages_for(kernels: &LoadedKernels, m: usize, k: usize) -> Result<usize, OpsError> {

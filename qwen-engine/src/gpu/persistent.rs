@@ -13,9 +13,12 @@
 //! ```
 //!
 //! then sampling: 2 L + 3 launches a pass (75 for Qwen3-4B) against the launch path's 5 L + 3
-//! (183). The steps stream a packed copy of the projections (a ring slot is one contiguous bulk
-//! copy) where free memory holds it, else the model's own row-major tensors through 2D tensor maps
-//! (no second copy; measured slower on the H200: the probe's 55% of the limit against 75%). Each
+//! (183). Where the step streams with the Tensor Memory Accelerator (an sm_90+ image) it reads the
+//! model's own row-major tensors through 2D tensor maps (four box copies a ring slot; no second
+//! copy of the model), which since the stream and the math hold each tile's descriptors in
+//! registers is faster than the packed copy (docs/experiments.md, session 55); where it streams
+//! with `cp.async` (the compute_80 PTX) it reads a packed copy of the projections (a ring slot
+//! contiguous) where free memory holds it. `QWEN_PERSISTENT_WEIGHTS` overrides. Each
 //! launch is programmatic where the image allows, so its weights start streaming while attention
 //! ends.
 //!
@@ -83,11 +86,13 @@ pub struct StepChoice {
     pub step: DecodeStep,
     /// Blocks of each persistent launch (0 on the launch path).
     pub blocks: usize,
-    /// How the persistent step reads the weights: `packed` (a second, packed copy: one bulk copy
-    /// a ring slot) or `row-major` (the model's own tensors through 2D tensor maps: no second
-    /// copy, slower streams); empty on the launch path.
+    /// How the persistent step reads the weights: `row-major` (the model's own tensors: four 2D box
+    /// copies a ring slot where it streams with tensor copies) or `packed` (a second copy in slot
+    /// order: one bulk copy a slot, or its pieces in order under `cp.async`); [`WEIGHTS_ENV`]
+    /// chooses; empty on the launch path.
     pub weights: &'static str,
-    /// Why the persistent step asked for is not the one running, or runs on row-major weights.
+    /// Why the persistent step asked for is not the one running, or runs on row-major weights
+    /// where packed ones were asked for.
     pub fallback: Option<String>,
 }
 
@@ -98,12 +103,42 @@ pub struct PackedModel {
     lm_head: PackedWeights,
 }
 
+/// The environment variable that chooses how the persistent step reads the projections.
+pub const WEIGHTS_ENV: &str = "QWEN_PERSISTENT_WEIGHTS";
+
+/// Whether to pack the projections for the persistent step: as [`WEIGHTS_ENV`] says (`packed` or
+/// `row-major`), else where the step streams with `cp.async` (`tensor_copies` false: the
+/// compute_80 PTX, a pre-Hopper image), whose copy per 16-byte piece makes row-major weights slow,
+/// and not where it streams with tensor copies, which read the row-major tensors faster than the
+/// packed copy (docs/experiments.md, session 55). A bad value is an error that names the choices.
+fn pack_projections(tensor_copies: bool) -> Result<bool, RunnerError> {
+    match std::env::var(WEIGHTS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(!tensor_copies),
+        Ok(v) => parse_weights_mode(&v, tensor_copies),
+        Err(e) => Err(RunnerError::Device(format!("{WEIGHTS_ENV}: {e}"))),
+    }
+}
+
+fn parse_weights_mode(v: &str, tensor_copies: bool) -> Result<bool, RunnerError> {
+    match v {
+        "auto" | "" => Ok(!tensor_copies),
+        "row-major" => Ok(false),
+        "packed" => Ok(true),
+        other => Err(RunnerError::Device(format!(
+            "{WEIGHTS_ENV}={other}: use `auto` (the default: row-major where the step streams \
+             with tensor copies, packed where it streams with cp.async), `row-major` (the \
+             model's own tensors) or `packed` (a second copy of the projections in the ring's \
+             slot order)"
+        ))),
+    }
+}
+
 /// Headroom the packed copy leaves free (the KV cache, activations, graphs).
 const PACK_HEADROOM: usize = 2 << 30;
 
-/// [`choose`], then the packed weights where the persistent step runs and free memory holds a
-/// second copy of the projections with [`PACK_HEADROOM`] to spare (otherwise row-major weights,
-/// the report says why).
+/// [`choose`], then the weights the persistent step reads ([`pack_projections`]): the model's
+/// row-major tensors, or a packed copy of the projections if free memory holds it with
+/// [`PACK_HEADROOM`] to spare (otherwise the row-major tensors, and the report says why).
 pub(super) fn choose_and_pack(
     kernels: &aot_kernels::dispatch::LoadedKernels,
     c: &crate::model::Qwen3Config,
@@ -115,7 +150,7 @@ pub(super) fn choose_and_pack(
     if choice.step == DecodeStep::Launches {
         return Ok((choice, None));
     }
-    if std::env::var("QWEN_PERSISTENT_WEIGHTS").as_deref() == Ok("row-major") {
+    if !pack_projections(persistent::tensor_copies(kernels))? {
         return Ok((choice, None));
     }
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
@@ -138,7 +173,7 @@ pub(super) fn choose_and_pack(
     if free < bytes + PACK_HEADROOM {
         choice.weights = "row-major";
         choice.fallback = Some(format!(
-            "the persistent step reads the row-major weights (slower streams): their packed copy needs {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
+            "the persistent step reads the row-major weights: their packed copy ({WEIGHTS_ENV}=packed) needs {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
             bytes as f64 / 1e9,
             free as f64 / 1e9,
             PACK_HEADROOM as f64 / 1e9
@@ -484,6 +519,31 @@ mod tests {
         assert_eq!(step_kinds(0, 3), ["qkv"]);
         assert_eq!(step_kinds(2, 3), ["o_proj", "gate_up", "down", "qkv"]);
         assert_eq!(step_kinds(3, 3), ["o_proj", "gate_up", "down", "lm_head"]);
+    }
+
+    #[test]
+    fn the_weights_mode_parses_by_name_and_names_the_choices_on_a_bad_one() {
+        for tensor_copies in [false, true] {
+            assert!(!parse_weights_mode("row-major", tensor_copies).unwrap());
+            assert!(parse_weights_mode("packed", tensor_copies).unwrap());
+            // auto: packed only where the stream is cp.async's.
+            assert_eq!(
+                parse_weights_mode("auto", tensor_copies).unwrap(),
+                !tensor_copies
+            );
+            assert_eq!(
+                parse_weights_mode("", tensor_copies).unwrap(),
+                !tensor_copies
+            );
+        }
+        let e = parse_weights_mode("rowmajor", true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(WEIGHTS_ENV) && e.contains("rowmajor"), "{e}");
+        assert!(
+            e.contains("`auto`") && e.contains("`row-major`") && e.contains("`packed`"),
+            "{e}"
+        );
     }
 
     #[test]
