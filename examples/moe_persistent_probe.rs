@@ -22,8 +22,9 @@
 //! median of `--runs` passes, per layer in microseconds, GB/s and percent of the limit.
 //!
 //! The persistent launches run under several deals of the tiles to the blocks: single tiles (the
-//! step's `schedule`) and runs of 2, 4 and 8 consecutive tiles of an op (`schedule_in_runs`); each
-//! gets one stamped launch of its last layer, whose table says where the blocks' time goes.
+//! step's `schedule`) and runs of 2, 4 and 8 consecutive tiles of an op (`schedule_in_runs`), on
+//! packed weights and (single tiles and runs of 4) on row-major ones; each gets one stamped launch
+//! of its last layer, whose table says where the blocks' time goes.
 //!
 //!     cargo run --release --example moe_persistent_probe -- [--layers 16] [--runs 20]
 
@@ -242,8 +243,17 @@ fn run() -> Result<(), String> {
     };
     let mut results = Vec::new();
     // (packed, tiles dealt to a block at a time): single tiles make every tile of this step a run
-    // of its own (19 small ops over 132 blocks); runs share one counter wait and copy of x.
-    for (is_packed, run) in [(true, 1), (false, 1), (true, 2), (true, 4), (true, 8)] {
+    // of its own (19 small ops over 132 blocks); runs share one counter wait and copy of x. The
+    // row-major weights at runs of 4 are what an engine would stream (256 experts a layer leave no
+    // room for a packed copy).
+    for (is_packed, run) in [
+        (true, 1),
+        (false, 1),
+        (true, 2),
+        (true, 4),
+        (false, 4),
+        (true, 8),
+    ] {
         let name = format!(
             "persistent, {}, runs of {run}",
             if is_packed { "packed" } else { "row-major" }
