@@ -339,9 +339,9 @@ __device__ __forceinline__ void fragments_free_wait() { asm volatile("bar.sync 2
 __device__ __forceinline__ void fragments_free_arrive() { asm volatile("bar.arrive 2, 256;" ::: "memory"); }
 
 // A task's end: the warps' fragments added in warp order by warp 0, which applies the op's
-// epilogue and adds the run's length to the task's counter at a run's last tile. `handoff` (the
-// bulk path): `wait_free` if warp 0 read an earlier tile's fragments in this block, `arrive_free`
-// if a later tile follows (so that the barrier's arrivals match its waits).
+// epilogue and adds the run's length to the task's counter at a run's last tile. On the bulk path
+// (barrier 2 above): `wait_free` if warp 0 read an earlier tile's fragments in this block,
+// `arrive_free` if a later tile follows (so that the barrier's arrivals match its waits).
 __device__ __forceinline__ void task_end(const StepParams& p, const Task& t, const GemvOp& op, const float (&acc)[4],
                                          float4* red, bool wait_free, bool arrive_free) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

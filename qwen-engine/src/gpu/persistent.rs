@@ -17,10 +17,10 @@
 //! model's own row-major tensors through 2D tensor maps (four box copies a ring slot; no second
 //! copy of the model), which since the stream and the math hold each tile's descriptors in
 //! registers is faster than the packed copy (docs/experiments.md, session 55); where it streams
-//! with `cp.async` (the compute_80 PTX) it reads a packed copy of the projections (a ring slot
-//! contiguous) where free memory holds it. `QWEN_PERSISTENT_WEIGHTS` overrides. Each
-//! launch is programmatic where the image allows, so its weights start streaming while attention
-//! ends.
+//! with `cp.async` (the compute_80 PTX, images for GPUs before sm_90) it reads a packed copy of
+//! the projections (a ring slot contiguous) where free memory holds it.
+//! `QWEN_PERSISTENT_WEIGHTS` overrides. Each launch is programmatic where the image allows, so its
+//! weights start streaming while attention ends.
 //!
 //! Numerics: the epilogues and the norm's roundings are the launch path's; the sums are not (a
 //! tile's fp32 sum runs over K in the step's slot order, and a norm's sum of squares is the
@@ -92,7 +92,7 @@ pub struct StepChoice {
     /// chooses; empty on the launch path.
     pub weights: &'static str,
     /// Why the persistent step asked for is not the one running, or runs on row-major weights
-    /// where packed ones were asked for.
+    /// where a packed copy was wanted (asked for, or `auto` under `cp.async`) and does not fit.
     pub fallback: Option<String>,
 }
 
@@ -110,7 +110,8 @@ pub const WEIGHTS_ENV: &str = "QWEN_PERSISTENT_WEIGHTS";
 /// `row-major`), else where the step streams with `cp.async` (`tensor_copies` false: the
 /// compute_80 PTX, a pre-Hopper image), whose copy per 16-byte piece makes row-major weights slow,
 /// and not where it streams with tensor copies, which read the row-major tensors faster than the
-/// packed copy (docs/experiments.md, session 55). A bad value is an error that names the choices.
+/// packed copy (docs/experiments.md, session 55). A bad value is an error that names the choices
+/// (whichever step runs: [`choose_and_pack`] reads it first).
 fn pack_projections(tensor_copies: bool) -> Result<bool, RunnerError> {
     match std::env::var(WEIGHTS_ENV) {
         Err(std::env::VarError::NotPresent) => Ok(!tensor_copies),
@@ -146,11 +147,11 @@ pub(super) fn choose_and_pack(
     asked: DecodeStep,
     widest_k: usize,
 ) -> Result<(StepChoice, Option<PackedModel>), RunnerError> {
+    // Read first, so that a bad value is refused whichever step runs.
+    let tensor_copies = persistent::tensor_copies(kernels);
+    let pack = pack_projections(tensor_copies)?;
     let mut choice = choose(kernels, asked, widest_k);
-    if choice.step == DecodeStep::Launches {
-        return Ok((choice, None));
-    }
-    if !pack_projections(persistent::tensor_copies(kernels))? {
+    if choice.step == DecodeStep::Launches || !pack {
         return Ok((choice, None));
     }
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
@@ -172,28 +173,35 @@ pub(super) fn choose_and_pack(
         .map_err(super::dev_err("reading free memory"))?;
     if free < bytes + PACK_HEADROOM {
         choice.weights = "row-major";
+        // Under cp.async (what `auto` packs for) the row-major weights stream slower.
+        let slower = if tensor_copies {
+            ""
+        } else {
+            " (slower here: the step streams with cp.async, a copy per 16-byte piece)"
+        };
         choice.fallback = Some(format!(
-            "the persistent step reads the row-major weights: their packed copy ({WEIGHTS_ENV}=packed) needs {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
+            "the persistent step reads the row-major weights{slower}: their packed copy needs \
+             {:.2} GB and {:.2} GB is free (with {:.1} GB to spare)",
             bytes as f64 / 1e9,
             free as f64 / 1e9,
             PACK_HEADROOM as f64 / 1e9
         ));
         return Ok((choice, None));
     }
-    let pack = |t, (n, k, rows, paired): (usize, usize, usize, bool)| {
+    let pack_one = |t, (n, k, rows, paired): (usize, usize, usize, bool)| {
         persistent::pack_weights(kernels, dev(kernels, t), n, k, rows, paired)
             .map_err(super::ops_err)
     };
     let mut layers = Vec::with_capacity(w.layers.len());
     for lw in &w.layers {
         layers.push([
-            pack(&lw.qkv, shapes[0])?,
-            pack(&lw.o, shapes[1])?,
-            pack(&lw.gate_up, shapes[2])?,
-            pack(&lw.down, shapes[3])?,
+            pack_one(&lw.qkv, shapes[0])?,
+            pack_one(&lw.o, shapes[1])?,
+            pack_one(&lw.gate_up, shapes[2])?,
+            pack_one(&lw.down, shapes[3])?,
         ]);
     }
-    let lm_head = pack(w.lm_head(), (v, h, 16, false))?;
+    let lm_head = pack_one(w.lm_head(), (v, h, 16, false))?;
     choice.weights = "packed";
     Ok((choice, Some(PackedModel { layers, lm_head })))
 }
