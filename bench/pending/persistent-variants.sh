@@ -14,7 +14,9 @@
 # working tree must be clean; it is left as it was.
 # `run` (DIR.tar.xz unpacked into DIR) runs, for every build: gpu_persistent (SASS and PTX, every
 # block count); the probe, builds alternating, twice; the dense engine bench with both step kinds,
-# builds alternating, twice; for the patches gpu_engine's oracle matrix, and for those named
+# builds alternating, twice; a stamped pass of each build (`--persistent-trace`: the timeline and
+# the table of counter wait, x load, weight wait and math); for the patches gpu_engine's oracle
+# matrix, and for those named
 # `*attention*` gpu_decode's test of the attention tasks; a build whose probe fails gets
 # compute-sanitizer's memcheck on a one-layer probe. Logs go to OUT.
 set -uo pipefail
@@ -78,6 +80,11 @@ run)
             --inputs 16,1024 --concurrency 1,8 --out "$out/engine-$b-$i" >"$out/engine-$b-$i.log" 2>&1
         echo "engine $b $i rc $?"; grep "tok/s" "$out/engine-$b-$i.log" | cut -c1-120
     done; done
+    for b in $builds; do  # one stamped pass at i16 c1 and at i1024 c8: where the blocks' time goes
+        timeout 120 "$dir/$b/qwen-decode" bench --model qwen3-4b --policy auto --step persistent \
+            --inputs 16,1024 --concurrency 1,8 --persistent-trace --out "$out/trace-$b" >"$out/trace-$b.log" 2>&1
+        echo "trace $b rc $?"
+    done
     for b in $builds; do
         [ "$b" = head ] && continue
         if grep -A3 "== $b run 1" "$out/probe.log" | grep -q "rc [^0]"; then
