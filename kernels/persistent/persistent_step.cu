@@ -302,11 +302,18 @@ __device__ __forceinline__ void norm_in_place(const GemvOp& op, __nv_bfloat16* x
 }
 
 // A run's start (a task whose op differs from the block's task before it): thread 0 waits for its
-// counter, then the math threads copy its x, written by other blocks of this launch, from L2 into
-// xs (normed there for a kNorm op), which the run's later tiles reuse. Every math thread is past
-// the last task's use of xs and of the fragments.
+// counter, then its x, written by other blocks of this launch, is copied from L2 into xs (normed
+// there for a kNorm op), which the run's later tiles reuse. Every math thread is past the last
+// task's use of xs and of the fragments. On the bulk path (`xbar` not null) thread 0 copies each
+// of the m rows with one bulk copy that completes on `xbar` (its phase `xphase`), so the whole x is
+// in flight at once: the math threads' 16-byte copies (four a thread in flight, as the compiler
+// unrolls them) kept the L2's latency on the path at every run, 300 KB a layer at eight rows.
+// Before them, every math thread's proxy fence orders its earlier writes to xs (a norm) before the
+// copies' writes, and thread 0's orders the other blocks' stores, acquired through the counter,
+// before the copies' reads (the async proxy). The cp.async path copies with the math threads.
 __device__ __forceinline__ void task_start(const StepParams& p, unsigned epoch, unsigned ti, const Task& t,
-                                           const GemvOp& op, __nv_bfloat16* xs, float* scale) {
+                                           const GemvOp& op, __nv_bfloat16* xs, float* scale, uint64_t* xbar,
+                                           unsigned& xphase) {
     unsigned long long* stamp = p.stamps ? p.stamps + static_cast<int64_t>(ti) * kStampWords : nullptr;
     if (threadIdx.x == 0) {
         if (stamp) stamp[0] = now_ns();
@@ -316,13 +323,36 @@ __device__ __forceinline__ void task_start(const StepParams& p, unsigned epoch, 
         }
         if (stamp) stamp[1] = now_ns();
     }
+#if AOT_HAS_BULK
+    // Each math thread's own writes to xs (the last run's norm) ordered before the bulk copies
+    // that overwrite it (the async proxy), which thread 0 issues after the barrier.
+    if (xbar != nullptr) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     math_barrier();
-    const int vec_per_x = op.k / 8;
-    for (int i = threadIdx.x; i < op.m * vec_per_x; i += kThreads) {
-        const int q = i / vec_per_x, v = i - q * vec_per_x;
-        reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(op.x + static_cast<int64_t>(q) * op.ld_x) + v);
+#if AOT_HAS_BULK
+    if (xbar != nullptr) {
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            const unsigned row_bytes = static_cast<unsigned>(op.k) * 2;
+            aot::mbar_arrive_expect_tx(xbar, row_bytes * static_cast<unsigned>(op.m));
+            for (int q = 0; q < op.m; ++q) {
+                aot::bulk_g2s(xs + static_cast<int64_t>(q) * op.k, op.x + static_cast<int64_t>(q) * op.ld_x, row_bytes,
+                              xbar);
+            }
+        }
+        aot::mbar_wait(xbar, xphase);
+        xphase ^= 1;
+    } else
+#endif
+    {
+        const int vec_per_x = op.k / 8;
+        for (int i = threadIdx.x; i < op.m * vec_per_x; i += kThreads) {
+            const int q = i / vec_per_x, v = i - q * vec_per_x;
+            reinterpret_cast<uint4*>(xs)[i] =
+                __ldcg(reinterpret_cast<const uint4*>(op.x + static_cast<int64_t>(q) * op.ld_x) + v);
+        }
+        math_barrier();
     }
-    math_barrier();
     if (op.input == kNorm) {
         norm_in_place(op, xs, scale);
         math_barrier();
@@ -444,7 +474,7 @@ __device__ __forceinline__ void stamp_end(const StepParams& p, unsigned long lon
 template <bool kStamp>
 __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, unsigned begin, unsigned end,
                                           const uint4* ring, __nv_bfloat16* xs, float4* red, float* scale,
-                                          uint64_t* full, uint64_t* empty) {
+                                          uint64_t* full, uint64_t* empty, uint64_t* xbar) {
     constexpr int kSlot = kStageBytes / 16;
     const int lane = threadIdx.x & 31;
     const int stages = p.stages;
@@ -452,6 +482,7 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
     unsigned long long run_start = 0, weight_wait = 0;
     int slot = 0;          // the ring slot the next stage lands in
     unsigned phase = 0;    // the parity of that slot's current fill
+    unsigned xphase = 0;   // the parity of xbar's next fill (one a run)
     // The tile's descriptor is read a tile ahead, and its op's only at a run's start, so that a
     // tile of few slots does not wait on their loads.
     Task t = begin < end ? p.tasks[begin] : Task{};
@@ -462,7 +493,7 @@ __device__ __forceinline__ void bulk_math(const StepParams& p, unsigned epoch, u
         if (ti == begin || t.op != run_op) {
             op = p.ops[t.op];
             run_op = t.op;
-            task_start(p, epoch, ti, t, op, xs, scale);
+            task_start(p, epoch, ti, t, op, xs, scale, xbar, xphase);
             run_start = ti;
             weight_wait = 0;
         }
@@ -509,6 +540,7 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
         if (fetch.task < fetch.end) advance(fetch, p.tasks, p.ops);
     }
     int slot = 0;
+    unsigned xphase = 0;  // unused: the math threads copy x themselves here
     // The tile's descriptor is read a tile ahead, and its op's only at a run's start, so that a
     // tile of few slots does not wait on their loads.
     Task t = begin < end ? p.tasks[begin] : Task{};
@@ -519,7 +551,7 @@ __device__ __forceinline__ void copy_math(const StepParams& p, unsigned epoch, u
         if (ti == begin || t.op != run_op) {
             op = p.ops[t.op];
             run_op = t.op;
-            task_start(p, epoch, ti, t, op, xs, scale);
+            task_start(p, epoch, ti, t, op, xs, scale, nullptr, xphase);
             run_start = ti;
             weight_wait = 0;
         }
@@ -571,12 +603,13 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
     if (stages < 3 || stages > kMaxStages) __trap();  // the host sizes the ring within these
 #if AOT_HAS_BULK
     const int lane = threadIdx.x & 31;
-    __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
+    __shared__ uint64_t full[kMaxStages], empty[kMaxStages], xbar;
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; ++s) {
             aot::mbar_init(&full[s], 1);
             aot::mbar_init(&empty[s], kThreads / 32);
         }
+        aot::mbar_init(&xbar, 1);
         aot::mbar_init_fence();
     }
     __syncthreads();
@@ -633,9 +666,9 @@ extern "C" __global__ void __launch_bounds__(aot_persistent::kThreads + 32, 1)
     aot::pdl_wait();
     const unsigned epoch = threadIdx.x == 0 ? launch_epoch(p) : 0;  // thread 0 does the waits
     if (p.stamps) {
-        bulk_math<true>(p, epoch, begin, end, ring, xs, red, scale, full, empty);
+        bulk_math<true>(p, epoch, begin, end, ring, xs, red, scale, full, empty, &xbar);
     } else {
-        bulk_math<false>(p, epoch, begin, end, ring, xs, red, scale, full, empty);
+        bulk_math<false>(p, epoch, begin, end, ring, xs, red, scale, full, empty, &xbar);
     }
 #else
     if (warp == kThreads / 32) return;
