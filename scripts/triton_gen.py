@@ -12,6 +12,13 @@ CUDA ptxas (TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH), line info off. The
 Triton's own cubin's sha256 and every launch fact build.rs and the Rust launchers need are written
 to generated/<module>/. Every capability is compiled a second time with Triton's bundled ptxas for
 the reachability table only.
+
+A spec with `pdl=True` names a kernel with a `PDL: tl.constexpr` parameter that guards its grid
+dependency control (`griddepcontrol`, sm_90 and later): generation sets it per capability (1 from
+9.0 up, 0 below and in the compute_80 fallback) and compiles those images with Triton's
+`launch_pdl` option, so that each image's `launch_pdl` says whether its code waits for the kernel
+before it (the Rust launcher then launches it programmatically where the GPU, driver and
+AOT_KERNELS_PDL allow). PDL is not one of the module's `constexprs`: it is per image.
 """
 
 import argparse
@@ -122,6 +129,12 @@ def plan(manifest):
 
 # --- worker side: one (module, capability) compile in a process whose environment picks the ptxas.
 
+def pdl_for(spec, cap):
+    """Whether a capability's image of the spec carries its grid dependency control: a `pdl` spec's
+    images from 9.0 up (griddepcontrol needs sm_90)."""
+    return bool(spec.get("pdl")) and cap >= 90
+
+
 def num_stages_for(spec, cap):
     """The spec's pipeline depth for a capability: `num_stages`, or its `num_stages_by_cap` entry where
     the deeper pipeline would not fit that GPU's shared memory. The PTX fallback is the compile of its
@@ -145,7 +158,11 @@ def compile_one(job):
     spec = next(s for s in load_source(ROOT / source).SPECS if s["module"] == module_name)
     kernel = spec["kernel"]
     signature = dict(spec["signature"])
-    for name in spec["constexprs"]:
+    constexprs = dict(spec["constexprs"])
+    pdl = pdl_for(spec, cap)
+    if spec.get("pdl"):
+        constexprs["PDL"] = int(pdl)
+    for name in constexprs:
         signature[name] = "constexpr"
     order = kernel.arg_names
     unknown = set(signature) - set(order)
@@ -155,7 +172,7 @@ def compile_one(job):
     signature = {name: signature[name] for name in order}
     pointers = [i for i, name in enumerate(order) if signature[name].startswith("*")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=dict(spec["constexprs"]), attrs=attrs)
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     ptx_holder = {}
 
     def keep_ptx(backend, stages, options, language, capability):
@@ -173,7 +190,8 @@ def compile_one(job):
         with contextlib.redirect_stdout(io.StringIO()):
             compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32),
                                       options={"num_warps": spec["num_warps"],
-                                               "num_stages": num_stages_for(spec, cap)})
+                                               "num_stages": num_stages_for(spec, cap),
+                                               "launch_pdl": pdl})
     except Exception as e:  # the error is the result: the reachability table reports it
         text = str(e).strip()
         fatal = [line.strip() for line in text.splitlines() if "fatal" in line]

@@ -21,10 +21,19 @@ Layouts (row-major, one row per token):
 Sequences are given as cu_seqlens [n_seq + 1] (token offsets), slots [n_seq] (state slot of each
 sequence) and has_state [n_seq] (0: a new request, its old slot content is ignored and it starts
 from zero state).
+
+Grid dependency control: a kernel with a `PDL` constexpr (scripts/triton_gen.py sets it: 1 in the
+kernel's sm_90+ images) lets the next kernel launch once all its programs have started
+(`gdc_launch_dependents`), and reads nothing an earlier kernel of the pass wrote before `gdc_wait`
+returns (the kernel before complete, its writes visible). Before that wait it reads only what no
+kernel of the pass writes: weights, the pass inputs the host copied, and the recurrent state
+(written only by the same layer's launch in an earlier pass). Launched without the programmatic
+attribute, both are no-ops.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -106,7 +115,7 @@ def gdn_recurrent_step(
     qkv_ptr, a_ptr, b_ptr, z_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, cu_seqlens_ptr, slots_ptr,
     has_state_ptr, out_ptr,
     eps,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PDL: tl.constexpr,
 ):
     """The gated delta rule one token at a time over each sequence's new tokens (one in a decode
     step, a prompt chunk's in prefill), each followed by the gated norm.
@@ -116,7 +125,12 @@ def gdn_recurrent_step(
     write S += k delta^T, output o = S^T q. Every token runs the same instructions whichever call
     it is in, and the state crosses calls as exact fp32, so a sequence's outputs and final state do
     not depend on how its tokens are split into calls (decode steps, prompt chunks of any size).
+
+    With PDL the state and the head's constants are read before the wait for the kernel before
+    (the projections), so the 64 KB state load overlaps it.
     """
+    if PDL:
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // (HV // HK)
@@ -132,6 +146,8 @@ def gdn_recurrent_step(
     neg_a = -tl.exp(tl.load(a_log_ptr + hv))
     dt_bias = tl.load(dt_bias_ptr + hv)
     w = tl.load(norm_w_ptr + dv).to(tl.float32)
+    if PDL:
+        gdc_wait()
 
     for t in range(start, end):
         row = qkv_ptr + t.to(tl.int64) * CONV_DIM
@@ -279,6 +295,7 @@ SPECS = [
         constexprs=QWEN35_A3B,
         num_warps=4,
         num_stages=1,
+        pdl=True,
     ),
     dict(
         module="gdn_prefill",

@@ -36,10 +36,24 @@ Layouts:
   shared_w2    [H, I] bf16            shared_expert.down_proj
   y            [tokens * TOPK + tokens, H] bf16: the weighted down outputs, rows as in h
   out          [tokens, H] bf16
+
+Every kernel here takes a `PDL` constexpr (1 in its sm_90+ images; grid dependency control as in
+gated_delta_net.py): it lets the next kernel launch once all its programs have started, and waits
+for the kernel before it (`gdc_wait`) before reading anything that kernel or an earlier one of the
+pass wrote; only weights are read before that wait.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def _router_rows(router_w_ptr, shared_gate_w_ptr, e, k, H: tl.constexpr, E: tl.constexpr):
+    """Columns k of the router's rows e (row E: the shared expert's gate)."""
+    w = tl.load(router_w_ptr + e[:, None] * H + k[None, :], mask=(e < E)[:, None], other=0.0)
+    w += tl.load(shared_gate_w_ptr + (e * 0)[:, None] + k[None, :], mask=(e == E)[:, None], other=0.0)
+    return w
 
 
 @triton.jit
@@ -47,7 +61,7 @@ def moe_router_logits(
     x_ptr, router_w_ptr, shared_gate_w_ptr, logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr,
     arrived_ptr, n_tokens, fold,
     H: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """logits[t, e] = bf16(x[t] . router_w[e]) for e < E, and the shared gate's logit at e = E.
 
@@ -61,15 +75,23 @@ def moe_router_logits(
     arrive (its acquire sees every program's logits) routes token 0 with moe_route's code, so the
     same ids and weights, and sets `arrived` back to zero (it must hold zero before the launch).
     Without `fold` the routing pointers are not touched.
+
+    With PDL the first BLOCK_K columns of the program's weights (all of them at BLOCK_K = H) are
+    read before the wait for the kernel before, which wrote x.
     """
+    if PDL:
+        gdc_launch_dependents()
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.arange(0, MAX_TOKENS)
     kk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_E, MAX_TOKENS], dtype=tl.float32)
+    w = _router_rows(router_w_ptr, shared_gate_w_ptr, e, kk, H, E)
+    if PDL:
+        gdc_wait()
     for k0 in range(0, H, BLOCK_K):
         k = k0 + kk
-        w = tl.load(router_w_ptr + e[:, None] * H + k[None, :], mask=(e < E)[:, None], other=0.0)
-        w += tl.load(shared_gate_w_ptr + (e * 0)[:, None] + k[None, :], mask=(e == E)[:, None], other=0.0)
+        if k0 > 0:
+            w = _router_rows(router_w_ptr, shared_gate_w_ptr, e, k, H, E)
         for j in range(0, n_tokens):
             x = tl.load(x_ptr + j * H + k).to(tl.float32)
             part = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -124,7 +146,7 @@ def _list_picks(experts_ptr, n_experts_ptr, ids, TOPK: tl.constexpr):
 @triton.jit
 def moe_route(
     logits_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, chosen_ptr, arrived_ptr, n_tokens,
-    E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
+    E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Top TOPK of softmax(logits) per token, renormalised; and the distinct experts, sorted.
 
@@ -141,6 +163,9 @@ def moe_route(
     launch. Both must hold zeros before the first launch. A single token's program lists its own
     picks, sorted, and leaves both untouched.
     """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0)
     col = tl.arange(0, E)
     ids = _route_token(logits_ptr, topk_ids_ptr, topk_w_ptr, t, E, TOPK)
@@ -175,7 +200,7 @@ def _tokens_choosing(topk_ids_ptr, expert, n_tokens, TOPK: tl.constexpr, MAX_TOK
 def moe_gate_up(
     x_ptr, w13_ptr, shared_w13_ptr, topk_ids_ptr, experts_ptr, n_experts_ptr, h_ptr, n_tokens,
     H: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """h = bf16(bf16(silu(bf16(x Wg^T))) * bf16(x Wu^T)) for every chosen (token, expert) pair.
 
@@ -183,6 +208,9 @@ def moe_gate_up(
     every token that chose it; the last slot is the shared expert for all tokens; other slots
     do nothing.
     """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     s = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.arange(0, MAX_TOKENS)
@@ -222,7 +250,7 @@ def moe_down(
     h_ptr, w2_ptr, shared_w2_ptr, topk_ids_ptr, topk_w_ptr, experts_ptr, n_experts_ptr, logits_ptr,
     y_ptr, n_tokens,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """y[row] = bf16(bf16(down h[row]) * w) for every chosen (token, expert) pair (row
     t * TOPK + k, w its routing weight), and bf16(bf16(shared_down h) * bf16(sigmoid(gate logit)))
@@ -232,6 +260,9 @@ def moe_down(
     (a few per SM, however many experts were chosen) take them grid-stride, so the experts' down
     weights stream in parallel, each read once. moe_combine then adds the rows in order.
     """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     NB: tl.constexpr = H // BLOCK_N
     t = tl.arange(0, MAX_TOKENS)
     kk = tl.arange(0, BLOCK_K)
@@ -267,10 +298,13 @@ def moe_down(
 @triton.jit
 def moe_combine(
     y_ptr, topk_ids_ptr, out_ptr, n_tokens,
-    H: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_C: tl.constexpr,
+    H: tl.constexpr, TOPK: tl.constexpr, MAX_TOKENS: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t] = the token's expert rows of y summed in bf16 in ascending expert order (as
     transformers' index_add_ loop adds them), then its shared expert's row."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     t = tl.arange(0, MAX_TOKENS)
     kc = tl.arange(0, TOPK)
@@ -291,15 +325,20 @@ def moe_combine(
 @triton.jit
 def moe_combine_norm(
     y_ptr, topk_ids_ptr, residual_ptr, norm_w_ptr, x_ptr, n_tokens, eps, weight_offset,
-    H: tl.constexpr, TOPK: tl.constexpr,
+    H: tl.constexpr, TOPK: tl.constexpr, PDL: tl.constexpr,
 ):
     """moe_combine, then the residual add and the next RMSNorm of the same row, one program a
     token: r = bf16(residual + moe), residual <- r, x <- bf16((w + weight_offset) *
     bf16(r * rsqrt(mean(r^2) + eps))). The sum of squares is one tree over the row, so x can differ
     from the CUDA fused_add_rmsnorm's by an ulp where the two sums round apart; r is the same bits."""
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0)
     c = tl.arange(0, H)
     kc = tl.arange(0, TOPK)
+    w = tl.load(norm_w_ptr + c).to(tl.float32) + weight_offset
+    if PDL:
+        gdc_wait()
     ids = tl.load(topk_ids_ptr + t * TOPK + kc)
     out = tl.zeros([H], dtype=tl.float32)
     for _ in tl.static_range(TOPK):
@@ -315,7 +354,6 @@ def moe_combine_norm(
     rf = r.to(tl.float32)
     scale = tl.rsqrt(tl.math.div_rn(tl.sum(rf * rf, axis=0), H * 1.0) + eps)
     normed = (rf * scale).to(tl.bfloat16).to(tl.float32)
-    w = tl.load(norm_w_ptr + c).to(tl.float32) + weight_offset
     tl.store(x_ptr + t * H + c, (w * normed).to(tl.bfloat16))
 
 
@@ -333,6 +371,7 @@ SPECS = [
         constexprs=dict(H=2048, E=256, TOPK=8, MAX_TOKENS=16, BLOCK_E=2, BLOCK_K=2048),
         num_warps=1,
         num_stages=1,
+        pdl=True,
     ),
     dict(
         module="moe_route",
@@ -342,6 +381,7 @@ SPECS = [
         constexprs=dict(E=256, TOPK=8, MAX_TOKENS=16),
         num_warps=1,
         num_stages=1,
+        pdl=True,
     ),
     dict(
         module="moe_gate_up",
@@ -354,6 +394,7 @@ SPECS = [
         # Two stages in flight where a block may use 99 KiB of shared memory, and in the PTX fallback
         # (sm_80's compile), which any of those GPUs may JIT.
         num_stages_by_cap={80: 3, 86: 3, 89: 3, 120: 3, 121: 3},
+        pdl=True,
     ),
     dict(
         module="moe_down",
@@ -364,6 +405,7 @@ SPECS = [
         constexprs=dict(H=2048, I=512, E=256, TOPK=8, MAX_TOKENS=16, BLOCK_N=32, BLOCK_K=128),
         num_warps=4,
         num_stages=3,
+        pdl=True,
     ),
     dict(
         module="moe_combine",
@@ -372,6 +414,7 @@ SPECS = [
         constexprs=dict(H=2048, TOPK=8, MAX_TOKENS=16, BLOCK_C=64),
         num_warps=4,
         num_stages=1,
+        pdl=True,
     ),
     dict(
         module="moe_combine_norm",
@@ -381,5 +424,6 @@ SPECS = [
         constexprs=dict(H=2048, TOPK=8),
         num_warps=8,
         num_stages=1,
+        pdl=True,
     ),
 ]

@@ -255,6 +255,22 @@ pub unsafe fn launch_with_params(
     programmatic: bool,
     cluster: Option<(u32, u32, u32)>,
 ) -> Result<(), DriverError> {
+    launch_with_args(f, stream, cfg, &mut [params], programmatic, cluster)
+}
+
+/// [`launch_with_params`] for a kernel of several parameters: `args[i]` points to the value of
+/// parameter `i` (the driver copies as many bytes as the parameter's size).
+///
+/// # Safety
+/// As [`launch_with_params`], for every parameter.
+pub unsafe fn launch_with_args(
+    f: &CudaFunction,
+    stream: &cudarc::driver::CudaStream,
+    cfg: cudarc::driver::LaunchConfig,
+    args: &mut [*mut std::ffi::c_void],
+    programmatic: bool,
+    cluster: Option<(u32, u32, u32)>,
+) -> Result<(), DriverError> {
     let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
     let mut n = 0;
     if programmatic {
@@ -269,7 +285,6 @@ pub unsafe fn launch_with_params(
     }
     let config = launch_config(&cfg, stream, &mut attrs[..n]);
     stream.context().bind_to_thread()?;
-    let mut args = [params];
     sys::cuLaunchKernelEx(
         &config,
         f.cu_function(),

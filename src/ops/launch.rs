@@ -190,11 +190,6 @@ impl<'a, T> DevRef<'a, T> {
     pub(crate) fn addr(&self) -> u64 {
         self.ptr
     }
-
-    /// The address as a kernel argument (launch builders take arguments by reference).
-    pub(crate) fn addr_ref(&self) -> &u64 {
-        &self.ptr
-    }
 }
 
 impl<'a, T> DevMut<'a, T> {
@@ -254,11 +249,6 @@ impl<'a, T> DevMut<'a, T> {
 
     pub(crate) fn addr(&self) -> u64 {
         self.ptr
-    }
-
-    /// The address as a kernel argument (launch builders take arguments by reference).
-    pub(crate) fn addr_ref(&self) -> &u64 {
-        &self.ptr
     }
 }
 

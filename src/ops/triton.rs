@@ -4,9 +4,13 @@
 //! num_warps, and per target: shared memory, scratch sizes, PTX `.version`); the build turns it
 //! into `TRITON_KERNELS`. A [`TritonKernel`] is one module as loaded on a device: the launch
 //! uses `32 * num_warps` threads, the loaded image's `shared` bytes of dynamic shared memory, the
-//! two scratch pointers Triton appends, and checks every argument against the signature.
+//! two scratch pointers Triton appends, and checks every argument against the signature. An image
+//! compiled with grid dependency control (`launch_pdl`: the sm_90+ images of a spec with
+//! `pdl=True`, see scripts/triton_gen.py) is launched programmatically where the GPU, the driver
+//! and `AOT_KERNELS_PDL` allow ([`LoadedKernels::overlap_launch`]), so it starts while the kernel
+//! before it drains.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use fatbin_verify::{Target, Variant};
 use half::bf16;
 use serde::Serialize;
@@ -130,6 +134,25 @@ impl TritonArg<'_> {
             _ => return None,
         };
         (len > 1).then_some(addr)
+    }
+
+    /// The parameter's bits as the kernel reads them: an address, or a scalar in the low bytes
+    /// (the driver copies the parameter's size from the slot, little-endian).
+    fn bits(&self, stream: &CudaStream) -> u64 {
+        match self {
+            TritonArg::Bf16(s) => s.device_ptr(stream).0,
+            TritonArg::Bf16Mut(s) => s.device_ptr(stream).0,
+            TritonArg::F32(s) => s.device_ptr(stream).0,
+            TritonArg::F32Mut(s) => s.device_ptr(stream).0,
+            TritonArg::I32(s) => s.device_ptr(stream).0,
+            TritonArg::I32Mut(s) => s.device_ptr(stream).0,
+            TritonArg::I32View(v) => v.addr(),
+            TritonArg::I32ViewMut(v) => v.addr(),
+            TritonArg::Bf16View(v) => v.addr(),
+            TritonArg::Bf16ViewMut(v) => v.addr(),
+            TritonArg::ScalarI32(v) => u64::from(*v as u32),
+            TritonArg::ScalarF32(v) => u64::from(v.to_bits()),
+        }
     }
 
     /// The Triton type this argument passes.
@@ -292,10 +315,9 @@ impl<'k> TritonKernel<'k> {
         if self.record.num_ctas != 1 {
             return Err(unsupported(format!("num_ctas = {}", self.record.num_ctas)));
         }
-        if self.image.launch_cooperative_grid || self.image.launch_pdl || self.image.tmem_size != 0
-        {
+        if self.image.launch_cooperative_grid || self.image.tmem_size != 0 {
             return Err(unsupported(
-                "cooperative grid, PDL or tensor memory requested".into(),
+                "cooperative grid or tensor memory requested".into(),
             ));
         }
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
@@ -334,39 +356,33 @@ impl<'k> TritonKernel<'k> {
             self.image.profile_scratch_size,
             self.image.profile_scratch_align,
         )?;
-        let null: u64 = 0;
-        let mut builder = stream.launch_builder(&self.function);
-        for arg in args.iter_mut() {
-            match arg {
-                TritonArg::Bf16(s) => builder.arg(&**s),
-                TritonArg::Bf16Mut(s) => builder.arg(&mut **s),
-                TritonArg::F32(s) => builder.arg(&**s),
-                TritonArg::F32Mut(s) => builder.arg(&mut **s),
-                TritonArg::I32(s) => builder.arg(&**s),
-                TritonArg::I32Mut(s) => builder.arg(&mut **s),
-                TritonArg::I32View(v) => builder.arg(v.addr_ref()),
-                TritonArg::I32ViewMut(v) => builder.arg(v.addr_ref()),
-                TritonArg::Bf16View(v) => builder.arg(v.addr_ref()),
-                TritonArg::Bf16ViewMut(v) => builder.arg(v.addr_ref()),
-                TritonArg::ScalarI32(v) => builder.arg(&*v),
-                TritonArg::ScalarF32(v) => builder.arg(&*v),
-            };
-        }
-        match &global {
-            Some(s) => builder.arg(s),
-            None => builder.arg(&null),
-        };
-        match &profile {
-            Some(s) => builder.arg(s),
-            None => builder.arg(&null),
-        };
+        // The arguments in signature order, then the scratch pointers (null where unused), each in
+        // a slot the launch reads its parameter from.
+        let scratch_addr =
+            |s: &Option<CudaSlice<u8>>| s.as_ref().map_or(0, |s| s.device_ptr(stream).0);
+        let mut values: Vec<u64> = args.iter().map(|a| a.bits(stream)).collect();
+        values.push(scratch_addr(&global));
+        values.push(scratch_addr(&profile));
+        let mut params: Vec<*mut std::ffi::c_void> =
+            values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        let programmatic = self.image.launch_pdl && self.kernels.overlap_launch(self.record.module);
         // SAFETY: the argument list matches the kernel's recorded signature (checked above), each
         // op checks its buffers against the shapes the kernel indexes, the block size and shared
         // memory are the compilation's own, and the scratch buffers live until the launch is
-        // enqueued (cudarc orders their release after it on `stream`).
-        unsafe { builder.launch(self.launch_config(grid)) }
-            .map(|_| ())
-            .map_err(driver)
+        // enqueued (their release is ordered after it on `stream`). Programmatic only for an image
+        // compiled with `launch_pdl`, whose code waits (griddepcontrol.wait) before reading what
+        // an earlier kernel wrote.
+        unsafe {
+            crate::dispatch::driver::launch_with_args(
+                &self.function,
+                stream,
+                self.launch_config(grid),
+                &mut params,
+                programmatic,
+                None,
+            )
+        }
+        .map_err(driver)
     }
 }
 
@@ -427,6 +443,32 @@ mod tests {
             }
             assert!(r.num_warps.is_power_of_two() && r.threads() <= 1024);
             assert_eq!(r.scratch_params.len(), 2);
+        }
+    }
+    /// The launcher makes an image's launch programmatic when it was compiled with `launch_pdl`
+    /// and the dispatcher counts its module PDL-capable (a loaded image of sm_90 or later): both
+    /// must describe the same images, so that no image without `griddepcontrol.wait` is ever
+    /// launched programmatically, and the decode path's modules must keep it.
+    #[test]
+    fn grid_dependency_control_is_in_the_sm90_images_of_the_decode_modules_only() {
+        for r in records() {
+            let pdl = r.images.iter().any(|i| i.launch_pdl);
+            for image in r.images {
+                let expect = pdl && image.target.sm >= 90 && !image.target.virtual_arch;
+                assert_eq!(image.launch_pdl, expect, "{} {}", r.module, image.target);
+            }
+        }
+        for module in [
+            "gdn_recurrent",
+            "moe_router",
+            "moe_route",
+            "moe_gate_up",
+            "moe_down",
+            "moe_combine",
+            "moe_combine_norm",
+        ] {
+            let r = record(module).expect("a Triton module");
+            assert!(r.images.iter().any(|i| i.launch_pdl), "{module}");
         }
     }
 }
