@@ -288,9 +288,10 @@ impl LoadedKernels {
     }
 
     /// Whether a launcher may launch kernels of `module` programmatically where it asks for it
-    /// (the launches that request their first weights or cache blocks before
-    /// `griddepcontrol.wait`: [`crate::ops::gemv::gemv_with`] and
-    /// [`crate::ops::attention::attention_decode`] with `overlap_previous`): the same image condition as
+    /// (the launches that read something before `griddepcontrol.wait`:
+    /// [`crate::ops::gemv::gemv_with`] and [`crate::ops::attention::attention_decode`] with
+    /// `overlap_previous`, and every launch of a Triton image compiled with `launch_pdl`,
+    /// [`crate::ops::triton::TritonKernel::launch`]): the same image condition as
     /// [`Self::programmatic_launch`], under the default `AOT_KERNELS_PDL=auto` or `all`.
     pub fn overlap_launch(&self, module: &str) -> bool {
         self.report.pdl != PdlMode::Off && self.pdl_capable.contains(module)

@@ -382,6 +382,16 @@ pub fn gdn_decode(
 /// GEMV's [`GemvOutput::Bf16PartsConv`](super::gemv::GemvOutput::Bf16PartsConv) epilogue ran it
 /// (the bits of `gdn_conv1d`) and shifted the conv states, so one launch, the delta rule and the
 /// gated norm, remains. `state.conv` is only checked.
+///
+/// Contract: where its launch is programmatic (the module's sm_90+ image on Hopper or later with a
+/// 12.3+ driver, `AOT_KERNELS_PDL` not `off`), it may start while the kernel before it on the
+/// stream still runs, and it reads `state.recurrent` and the sequence table (`seqs`) before it
+/// waits for that kernel: no kernel that may still be running then may write them. That is the
+/// kernel just before, and an earlier one too where every launch since was programmatic (this
+/// crate's Triton modules, a GEMV with `overlap_previous`). Two of these calls on the same state
+/// back to back break it; a plain launch between them (the out-projection's GEMV of a decode
+/// layer, as the engine has) or `AOT_KERNELS_PDL=off` keeps it. [`gdn_recurrent`] keeps it by
+/// itself: its conv launch comes first.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_decode_convolved(
     kernels: &LoadedKernels,

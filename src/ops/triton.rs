@@ -138,6 +138,10 @@ impl TritonArg<'_> {
 
     /// The parameter's bits as the kernel reads them: an address, or a scalar in the low bytes
     /// (the driver copies the parameter's size from the slot, little-endian).
+    /// The addresses come without cudarc's event bookkeeping (the guard `device_ptr` returns is
+    /// dropped at once): the kernels' contexts track no events (`driver::open_device` turns it
+    /// off, `open_context` refuses a context that tracks), and the launch is ordered on the
+    /// kernels' one stream.
     fn bits(&self, stream: &CudaStream) -> u64 {
         match self {
             TritonArg::Bf16(s) => s.device_ptr(stream).0,
