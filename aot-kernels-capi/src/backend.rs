@@ -105,10 +105,7 @@ impl AotBackend {
     /// before `op` reaches a launcher that would word it as a bad argument.
     pub(crate) fn require_modules(&self, op: &str, modules: &[&str]) -> Result<(), CapiError> {
         let report = self.kernels.report();
-        let Some(missing) = modules
-            .iter()
-            .find(|name| !report.modules.iter().any(|m| m.module == **name))
-        else {
+        let Some(missing) = modules.iter().find(|name| report.module(name).is_none()) else {
             return Ok(());
         };
         let plan = dispatch::plan(

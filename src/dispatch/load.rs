@@ -68,6 +68,11 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// The report of `module`, if this load loaded it.
+    pub fn module(&self, module: &str) -> Option<&ModuleReport> {
+        self.modules.iter().find(|m| m.module == module)
+    }
+
     pub fn total_load_us(&self) -> u64 {
         self.modules.iter().map(|m| m.load_us).sum()
     }
@@ -220,6 +225,12 @@ impl LoadedKernels {
     /// The loaded module handle (for globals), if `module` is loaded.
     pub fn module(&self, module: &str) -> Option<&Arc<CudaModule>> {
         self.modules.get(module).map(|m| &m.module)
+    }
+
+    /// The target of the image `module` runs from (an exact or compatible SASS, or PTX the driver
+    /// compiled), if `module` is loaded: what a launcher asks before using an sm_90-only path.
+    pub fn loaded_target(&self, module: &str) -> Option<fatbin_verify::Target> {
+        self.report.module(module).map(|m| m.target)
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -391,9 +402,7 @@ impl LoadedKernels {
     ) -> bool {
         let static_bytes = self
             .report
-            .modules
-            .iter()
-            .find(|m| m.module == module)
+            .module(module)
             .and_then(|m| m.entries.iter().find(|e| e.entry == entry))
             .map(|e| e.attributes.shared_bytes.max(0) as usize);
         static_bytes.is_some_and(|s| self.smem_limits.fits(s, dynamic, blocks))
@@ -417,11 +426,8 @@ impl LoadedKernels {
         let fail = |e| DispatchError::Function {
             module: module.to_string(),
             target: self
-                .report
-                .modules
-                .iter()
-                .find(|m| m.module == module)
-                .map_or(fatbin_verify::Target::ptx(80), |m| m.target),
+                .loaded_target(module)
+                .unwrap_or(fatbin_verify::Target::ptx(80)),
             entry: entry.to_string(),
             failure: translate(e),
         };

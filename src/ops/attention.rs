@@ -341,11 +341,8 @@ pub fn attention_decode(
                  or later (here {}, image {}); launch with `cluster: false`",
                 kernels.device().capability,
                 kernels
-                    .report()
-                    .modules
-                    .iter()
-                    .find(|m| m.module == MODULE)
-                    .map_or_else(|| "not loaded".to_string(), |m| m.target.to_string())
+                    .loaded_target(MODULE)
+                    .map_or_else(|| "not loaded".to_string(), |t| t.to_string())
             )));
         }
         if a.grid_splits != CLUSTER_SPLITS {

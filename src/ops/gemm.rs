@@ -69,13 +69,7 @@ impl GemmKernel {
 
     /// The fastest kernel the loaded images allow.
     pub fn best(kernels: &LoadedKernels) -> Self {
-        let image = kernels
-            .report()
-            .modules
-            .iter()
-            .find(|m| m.module == MODULE_SM90)
-            .map(|m| m.target);
-        GemmKernel::for_sm90_image(image)
+        GemmKernel::for_sm90_image(kernels.loaded_target(MODULE_SM90))
     }
 
     fn module(self) -> &'static str {

@@ -22,7 +22,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use half::bf16;
 
-use super::launch::{check_aligned, check_view, launch_params_pdl, to_i32, DevRef, OpsError};
+use super::launch::{check_aligned, check_view, dev, launch_params_pdl, to_i32, DevRef, OpsError};
 use crate::dispatch::LoadedKernels;
 
 pub const MODULE: &str = "persistent";
@@ -570,11 +570,7 @@ fn task_bytes(x_elements: usize) -> usize {
 /// rather than with the math threads' `cp.async` (the compute_80 PTX that `ptx-only` loads, or an
 /// image for an older GPU: a copy per 16-byte piece, which row-major weights make slow).
 pub fn tensor_copies(kernels: &LoadedKernels) -> bool {
-    kernels
-        .report()
-        .modules
-        .iter()
-        .any(|m| m.module == MODULE && m.target.sm >= 90)
+    kernels.loaded_target(MODULE).is_some_and(|t| t.sm >= 90)
 }
 
 /// Ring slots a step whose largest x is `m` rows of `k` would stream through on this GPU, or why
@@ -960,8 +956,7 @@ pub fn runs_of(schedule: &Schedule, words: &[u64]) -> Vec<RunStamp> {
 }
 
 fn addr<T>(kernels: &LoadedKernels, s: &CudaSlice<T>) -> u64 {
-    use cudarc::driver::DevicePtr;
-    s.device_ptr(kernels.stream()).0
+    dev(kernels, s).addr()
 }
 
 #[cfg(test)]

@@ -238,20 +238,14 @@ impl<'k> TritonKernel<'k> {
                 "no Triton metadata for module `{module}`; is it a `kind = \"triton\"` module of aot-manifest.toml?"
             ),
         })?;
-        let loaded = kernels
-            .report()
-            .modules
-            .iter()
-            .find(|m| m.module == module)
-            .ok_or_else(|| OpsError::Shape {
+        let target = kernels.loaded_target(module).ok_or_else(|| OpsError::Shape {
                 op,
                 message: format!("module `{module}` is not loaded: load it (load_all loads every module that has an image here; on a driver older than 13.0 the Triton modules have none, being built with CUDA 13 only: `qwen-decode kernels` shows what each needs)"),
             })?;
-        let image = record.image(loaded.target).ok_or_else(|| OpsError::Shape {
+        let image = record.image(target).ok_or_else(|| OpsError::Shape {
             op,
             message: format!(
-                "module `{module}` runs its {} image, for which the build recorded no launch facts",
-                loaded.target
+                "module `{module}` runs its {target} image, for which the build recorded no launch facts"
             ),
         })?;
         let function = kernels.function(module, record.entry)?;

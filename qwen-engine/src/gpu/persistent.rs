@@ -114,7 +114,7 @@ pub const WEIGHTS_ENV: &str = "QWEN_PERSISTENT_WEIGHTS";
 /// (whichever step runs: [`choose_and_pack`] reads it first).
 fn pack_projections(tensor_copies: bool) -> Result<bool, RunnerError> {
     match std::env::var(WEIGHTS_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(!tensor_copies),
+        Err(std::env::VarError::NotPresent) => parse_weights_mode("auto", tensor_copies),
         Ok(v) => parse_weights_mode(&v, tensor_copies),
         Err(e) => Err(RunnerError::Device(format!("{WEIGHTS_ENV}: {e}"))),
     }
