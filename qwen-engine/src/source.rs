@@ -21,6 +21,33 @@ pub struct ModelSource {
     pub tokenizer: Tokenizer,
 }
 
+impl ModelSource {
+    /// A built-in synthetic model cut to its first `layers` decoder layers (see
+    /// [`ModelConfig::first_layers`]; named `<name> (first N layers)`): every layer keeps its
+    /// shapes, so each kernel runs as in the whole model, on a fraction of the memory. For
+    /// profilers whose kernel replay saves and restores what a kernel may write, which the whole
+    /// 35B-A3B (69 GB) makes slow. A model read from a folder is refused: its weights are the
+    /// checkpoint's, all of them.
+    pub fn first_layers(self, layers: usize) -> Result<ModelSource, String> {
+        if !matches!(self.weights, Weights::Synthetic { .. }) {
+            return Err(format!(
+                "--layers cuts the built-in synthetic models only ({}); `{}` reads its weights from a folder: drop --layers",
+                BUILTIN[1..].join(", "),
+                self.name
+            ));
+        }
+        let config = self
+            .config
+            .first_layers(layers)
+            .map_err(|e| format!("--layers {layers} for `{}`: {e}", self.name))?;
+        Ok(ModelSource {
+            name: format!("{} (first {layers} layers)", self.name),
+            config,
+            ..self
+        })
+    }
+}
+
 /// Built-in model names.
 pub const BUILTIN: [&str; 5] = ["tiny-en", "tiny", "qwen3-4b", "tiny-moe", "qwen3.6-35b-a3b"];
 
@@ -86,5 +113,63 @@ pub fn open_model(spec: &str, seed: u64) -> Result<ModelSource, LoadError> {
                 tokenizer,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::HybridLayer;
+
+    #[test]
+    fn a_synthetic_hybrid_keeps_its_first_layers_and_their_pattern() {
+        let full = open_model("qwen3.6-35b-a3b", 1).unwrap();
+        let ModelConfig::Qwen35Moe(whole) = &full.config else {
+            panic!("not the hybrid family")
+        };
+        let cut = full.config.first_layers(4).unwrap();
+        let ModelConfig::Qwen35Moe(c) = &cut else {
+            panic!("not the hybrid family")
+        };
+        assert_eq!(c.num_hidden_layers, 4);
+        assert_eq!(c.layer_types, whole.layer_types[..4]);
+        assert!(c.layer_types.contains(&HybridLayer::FullAttention));
+        assert_eq!(c.hidden_size, whole.hidden_size);
+        assert_eq!(c.num_experts, whole.num_experts);
+        let d = cut.describe();
+        assert_eq!(d.layers.len(), 4);
+        assert!(d.parameter_count < full.config.describe().parameter_count);
+
+        let src = full.first_layers(8).unwrap();
+        assert_eq!(src.name, "qwen3.6-35b-a3b (first 8 layers)");
+        assert_eq!(src.config.describe().layers.len(), 8);
+    }
+
+    #[test]
+    fn a_cut_that_would_drop_a_kind_of_layer_or_leave_none_is_refused() {
+        let hybrid = open_model("qwen3.6-35b-a3b", 1).unwrap();
+        let e = hybrid.config.first_layers(3).unwrap_err();
+        assert!(
+            e.contains("no full_attention layer") && e.contains("give at least 4"),
+            "{e}"
+        );
+        let e = hybrid.config.first_layers(0).unwrap_err();
+        assert!(e.contains("give 1 to 40"), "{e}");
+        let e = hybrid.config.first_layers(41).unwrap_err();
+        assert!(e.contains("this model has 40"), "{e}");
+
+        let dense = open_model("qwen3-4b", 1).unwrap();
+        let cut = dense.first_layers(2).unwrap();
+        assert_eq!(cut.config.describe().layers.len(), 2);
+        assert_eq!(cut.name, "qwen3-4b (first 2 layers)");
+    }
+
+    #[test]
+    fn a_model_read_from_a_folder_is_not_cut() {
+        let e = open_model("tiny-en", 1)
+            .unwrap()
+            .first_layers(1)
+            .unwrap_err();
+        assert!(e.contains("drop --layers") && e.contains("tiny-en"), "{e}");
     }
 }

@@ -8,6 +8,8 @@
 #
 # Defaults: target/release/qwen-decode (or .gpu-bundle/qwen-decode), ./profile, 16, 1, 2.
 # MODEL (default qwen3-4b) picks the preset, e.g. MODEL=qwen3.6-35b-a3b; EXTRA adds bench flags.
+# For ncu's multi-pass sections on the 35B-A3B, EXTRA="--layers 4" cuts the synthetic model to its
+# first four layers (their real shapes, about 7 GB of weights instead of 69).
 # ncu keeps the GPU at its own clocks and caches (--clock-control none --cache-control none, so a
 # kernel sees the L2 its predecessor left, as in a real step) and reads one metric per kernel
 # (gpu__time_duration.sum), one replay pass each.

@@ -148,6 +148,50 @@ impl ModelConfig {
         }
     }
 
+    /// The same model cut to its first `layers` decoder layers (the hybrid family's layer pattern
+    /// as it starts), or why not: `layers` must be from 1 to the model's count, and the layers
+    /// kept must hold every kind of layer the model has, so that each of its kernels still runs.
+    pub fn first_layers(&self, layers: usize) -> Result<ModelConfig, String> {
+        let total = self.describe().layers.len();
+        if layers == 0 || layers > total {
+            return Err(format!(
+                "{layers} layers asked for; this model has {total}: give 1 to {total}"
+            ));
+        }
+        match self {
+            ModelConfig::Qwen3(c) => Ok(ModelConfig::Qwen3(Qwen3Config {
+                num_hidden_layers: layers,
+                ..c.clone()
+            })),
+            ModelConfig::Qwen35Moe(c) => {
+                let kept = &c.layer_types[..layers];
+                if let Some(missing) = [HybridLayer::LinearAttention, HybridLayer::FullAttention]
+                    .into_iter()
+                    .find(|k| c.layer_types.contains(k) && !kept.contains(k))
+                {
+                    let first = c
+                        .layer_types
+                        .iter()
+                        .position(|t| *t == missing)
+                        .unwrap_or(0);
+                    let kind = match missing {
+                        HybridLayer::LinearAttention => "linear_attention (Gated DeltaNet)",
+                        HybridLayer::FullAttention => "full_attention",
+                    };
+                    return Err(format!(
+                        "the first {layers} layers hold no {kind} layer (the first is layer {first}): give at least {}",
+                        first + 1
+                    ));
+                }
+                Ok(ModelConfig::Qwen35Moe(Qwen35MoeConfig {
+                    num_hidden_layers: layers,
+                    layer_types: kept.to_vec(),
+                    ..c.clone()
+                }))
+            }
+        }
+    }
+
     /// What the engine and the scheduler need to know of the model.
     pub fn describe(&self) -> ModelDesc {
         let parameter_count = self

@@ -38,6 +38,12 @@ pub struct BenchArgs {
     /// A model folder, or `qwen3-4b` (synthetic weights of the real shapes) or `tiny`.
     #[arg(long, default_value = "qwen3-4b")]
     model: String,
+    /// Keep only the first N layers of a built-in synthetic model (every layer its real shapes,
+    /// the hybrid's layer pattern as it starts): for profilers whose kernel replay saves and
+    /// restores device memory, which the whole 35B-A3B makes slow. The bundle names the cut
+    /// (`model.name`, `model.layers`), and its limit counts the layers kept.
+    #[arg(long, value_name = "N")]
+    layers: Option<usize>,
     /// Prompt lengths.
     #[arg(long, value_delimiter = ',', default_value = "16,1024")]
     inputs: Vec<usize>,
@@ -437,7 +443,11 @@ fn bench_inner(args: &BenchArgs) -> Result<(), String> {
                     pass, so that the window holds exactly --new-tokens passes); give --warmup 1 or more"
             .into());
     }
-    let src: ModelSource = open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
+    let mut src: ModelSource =
+        open_model(&args.model, args.weights_seed).map_err(|e| e.to_string())?;
+    if let Some(layers) = args.layers {
+        src = src.first_layers(layers)?;
+    }
     let model = src.config.describe();
     let kv_budget = parse_bytes(&args.kv_budget).map_err(|e| format!("--kv-budget: {e}"))?;
     let bw_bytes =
