@@ -166,12 +166,7 @@ fn with_module_as_ptx(registry: &[ModuleSource], m: &str) -> Vec<ModuleSource> {
 
 /// The report entry of module `m` in `kernels`.
 fn module_report<'a>(kernels: &'a LoadedKernels, m: &str) -> &'a ModuleReport {
-    kernels
-        .report()
-        .modules
-        .iter()
-        .find(|x| x.module == m)
-        .unwrap()
+    kernels.report().module(m).unwrap()
 }
 
 #[test]

@@ -68,7 +68,8 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
-    /// The report of `module`, if this load loaded it.
+    /// The report of `module` (the image chosen and why, its load cost, its entries), if this
+    /// load loaded it. [`LoadedKernels::module`] is the loaded module's driver handle.
     pub fn module(&self, module: &str) -> Option<&ModuleReport> {
         self.modules.iter().find(|m| m.module == module)
     }
@@ -222,13 +223,15 @@ impl LoadedKernels {
             })
     }
 
-    /// The loaded module handle (for globals), if `module` is loaded.
+    /// The loaded module handle (for globals), if `module` is loaded; [`LoadReport::module`] is
+    /// its report.
     pub fn module(&self, module: &str) -> Option<&Arc<CudaModule>> {
         self.modules.get(module).map(|m| &m.module)
     }
 
     /// The target of the image `module` runs from (an exact or compatible SASS, or PTX the driver
-    /// compiled), if `module` is loaded: what a launcher asks before using an sm_90-only path.
+    /// compiled), if `module` is loaded: what a launcher asks before taking a path that only some
+    /// images hold (an sm_90 one, say), and what its errors name.
     pub fn loaded_target(&self, module: &str) -> Option<fatbin_verify::Target> {
         self.report.module(module).map(|m| m.target)
     }

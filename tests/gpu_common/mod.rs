@@ -66,12 +66,7 @@ pub fn load_both_paths(d: &OpenDevice) -> [(&'static str, LoadedKernels); 2] {
 /// Registers, shared memory and image of each entry of `module`, as the driver loaded it.
 pub fn describe(kernels: &LoadedKernels, module: &str) -> String {
     let mut out = String::new();
-    for m in kernels
-        .report()
-        .modules
-        .iter()
-        .filter(|m| m.module == module)
-    {
+    if let Some(m) = kernels.report().module(module) {
         for e in &m.entries {
             out += &format!(
                 "  {}/{} [{}]: {} registers, {} B static smem\n",
