@@ -238,13 +238,16 @@ impl<'k> TritonKernel<'k> {
                 "no Triton metadata for module `{module}`; is it a `kind = \"triton\"` module of aot-manifest.toml?"
             ),
         })?;
-        let not_loaded = || {
-            OpsError::Shape {
-            op,
-            message: format!("module `{module}` is not loaded: load it (load_all loads every module that has an image here; on a driver older than 13.0 the Triton modules have none, being built with CUDA 13 only: `qwen-decode kernels` shows what each needs)"),
-        }
-        };
-        let target = kernels.loaded_target(module).ok_or_else(not_loaded)?;
+        let target = kernels
+            .loaded_target(module)
+            .ok_or_else(|| OpsError::Shape {
+                op,
+                message: format!(
+                    "module `{module}` is not loaded: load it (load_all loads every module that \
+                     has an image here; on a driver older than 13.0 the Triton modules have none, \
+                     being built with CUDA 13 only: `qwen-decode kernels` shows what each needs)"
+                ),
+            })?;
         let image = record.image(target).ok_or_else(|| OpsError::Shape {
             op,
             message: format!(
